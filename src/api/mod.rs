@@ -1,0 +1,42 @@
+//! Custom resource types: the contract users see. No logic beyond defaults lives here.
+
+pub mod task;
+
+pub use task::*;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A Kubernetes-style condition (`type/status/reason/message/lastTransitionTime`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    pub last_transition_time: Time,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Schema for an arbitrary JSON object whose fields the API server must keep.
+pub(crate) fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Schema for a `jiff::Timestamp`: RFC 3339 with sub-second precision, which `metav1.Time` lacks and
+/// dispatch latency and backoff need.
+pub(crate) fn date_time(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "format": "date-time",
+    })
+}

@@ -1,0 +1,392 @@
+//! The `AxTask` custom resource: one unit of work and the record of its lifecycle.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use jiff::Timestamp;
+
+use super::{Condition, date_time, preserve_unknown_object};
+
+/// What to run, how urgently, and what to do when it fails.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ax.dev",
+    version = "v1alpha1",
+    kind = "AxTask",
+    namespaced,
+    status = "AxTaskStatus",
+    shortname = "axt",
+    category = "ax",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.type"}"#,
+    printcolumn = r#"{"name":"Priority","type":"string","jsonPath":".spec.priority"}"#,
+    printcolumn = r#"{"name":"Attempt","type":"integer","jsonPath":".status.attempt"}"#,
+    printcolumn = r#"{"name":"Worker","type":"string","jsonPath":".status.worker"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","priority":1}"#,
+    printcolumn = r#"{"name":"Next-Attempt","type":"date","jsonPath":".status.nextAttemptAt","priority":1}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AxTaskSpec {
+    /// The task type: circuit breakers and per-type limits key on it.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[serde(rename = "type")]
+    pub task_type: String,
+
+    /// Dispatch priority bucket.
+    #[serde(default)]
+    pub priority: Priority,
+
+    /// Name of the AxQueue this task waits in.
+    #[serde(default = "default_queue")]
+    #[schemars(length(min = 1, max = 253))]
+    pub queue: String,
+
+    /// Any JSON object, handed to the worker as env `AX_PAYLOAD` and file `/var/run/ax/payload.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub payload: Option<serde_json::Value>,
+
+    /// The worker pod template; `restartPolicy` is forced to `Never`.
+    pub template: PodTemplateSpec,
+
+    #[serde(default)]
+    pub timeout: TimeoutSpec,
+
+    #[serde(default)]
+    pub retry: RetrySpec,
+
+    /// The task is not queued before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_after: Option<Time>,
+
+    /// Setting it true cancels the task and kills its worker.
+    #[serde(default)]
+    pub cancel: bool,
+
+    /// Where to POST the final status when the task ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<CallbackSpec>,
+
+    /// Delete the task (and its pods) this long after it reached a terminal phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+}
+
+fn default_queue() -> String {
+    "default".into()
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum Priority {
+    Critical,
+    High,
+    #[default]
+    Normal,
+    Low,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "Critical",
+            Priority::High => "High",
+            Priority::Normal => "Normal",
+            Priority::Low => "Low",
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeoutSpec {
+    /// After this long the operator checks the worker is alive (Running, no restarts, node Ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub soft_seconds: Option<i64>,
+    /// After this long the worker is killed and the attempt ends TimedOut.
+    #[serde(default = "default_hard_seconds")]
+    #[schemars(range(min = 1))]
+    pub hard_seconds: i64,
+}
+
+impl Default for TimeoutSpec {
+    fn default() -> Self {
+        Self { soft_seconds: None, hard_seconds: default_hard_seconds() }
+    }
+}
+
+fn default_hard_seconds() -> i64 {
+    600
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetrySpec {
+    /// Attempts after the first that may count against the task.
+    #[serde(default = "default_max_retries")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_retries: i32,
+    #[serde(default)]
+    pub backoff: BackoffSpec,
+    /// No new attempt starts later than this long after the first dispatch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub budget_seconds: Option<i64>,
+    /// Evaluated in order; the first rule whose exit codes match decides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub rules: Vec<RetryRule>,
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        Self { max_retries: default_max_retries(), backoff: BackoffSpec::default(), budget_seconds: None, rules: Vec::new() }
+    }
+}
+
+fn default_max_retries() -> i32 {
+    3
+}
+
+/// Delay before retry n: `min(baseSeconds * factor^(n-1), maxSeconds) + uniform(0, jitterMillis)`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackoffSpec {
+    #[serde(default = "default_base_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub base_seconds: i64,
+    #[serde(default = "default_factor")]
+    #[schemars(range(min = 1.0, max = 10.0))]
+    pub factor: f64,
+    #[serde(default = "default_max_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub max_seconds: i64,
+    #[serde(default = "default_jitter_millis")]
+    #[schemars(range(min = 0, max = 600000))]
+    pub jitter_millis: i64,
+}
+
+impl Default for BackoffSpec {
+    fn default() -> Self {
+        Self {
+            base_seconds: default_base_seconds(),
+            factor: default_factor(),
+            max_seconds: default_max_seconds(),
+            jitter_millis: default_jitter_millis(),
+        }
+    }
+}
+
+fn default_base_seconds() -> i64 {
+    1
+}
+fn default_factor() -> f64 {
+    2.0
+}
+fn default_max_seconds() -> i64 {
+    300
+}
+fn default_jitter_millis() -> i64 {
+    500
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryRule {
+    pub on_exit_codes: ExitCodeMatch,
+    pub action: RuleAction,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitCodeMatch {
+    pub operator: ExitCodeOperator,
+    #[schemars(length(min = 1, max = 255))]
+    pub values: Vec<i32>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ExitCodeOperator {
+    In,
+    NotIn,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RuleAction {
+    /// Retry, counting against maxRetries.
+    Retry,
+    /// Stop: the task is Dead.
+    Dead,
+    /// Retry without counting it (treat like an infrastructure failure).
+    Ignore,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CallbackSpec {
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
+    pub url: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum TaskPhase {
+    #[default]
+    Pending,
+    Scheduled,
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+    Dead,
+    Canceled,
+}
+
+impl TaskPhase {
+    /// Terminal phases are never left.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskPhase::Succeeded | TaskPhase::Dead | TaskPhase::Canceled)
+    }
+
+    /// An attempt is in flight: a worker pod exists or is about to.
+    pub fn has_worker(self) -> bool {
+        matches!(self, TaskPhase::Scheduled | TaskPhase::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskPhase::Pending => "Pending",
+            TaskPhase::Scheduled => "Scheduled",
+            TaskPhase::Running => "Running",
+            TaskPhase::Succeeded => "Succeeded",
+            TaskPhase::Failed => "Failed",
+            TaskPhase::TimedOut => "TimedOut",
+            TaskPhase::Dead => "Dead",
+            TaskPhase::Canceled => "Canceled",
+        }
+    }
+}
+
+impl std::fmt::Display for TaskPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AxTaskStatus {
+    /// Absent until the operator has seen the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<TaskPhase>,
+    /// Number of the current attempt: 0 before the first dispatch.
+    #[serde(default)]
+    pub attempt: i32,
+    /// Attempts that counted against maxRetries.
+    #[serde(default)]
+    pub retries: i32,
+    /// Pod name of the current attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Reason of the latest transition (shown by `kubectl get -o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub queued_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub next_attempt_at: Option<Timestamp>,
+    /// When the current attempt was dispatched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub scheduled_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub started_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub finished_at: Option<Timestamp>,
+    /// Computed once at the first dispatch: no attempt starts after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub budget_deadline: Option<Timestamp>,
+    /// A SoftTimeout warning was already published for this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_timeout_attempt: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<Failure>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+    /// Oldest history entries dropped to keep the list at its cap.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_dropped: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    pub attempt: i32,
+    pub kind: FailureKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum FailureKind {
+    /// Retried, counts against maxRetries.
+    Retryable,
+    /// Never retried: the task is Dead.
+    NonRetryable,
+    /// Not the worker's fault (eviction, node loss, pod deleted): retried without counting.
+    Infrastructure,
+    /// The attempt ran out of time: retried, counts against maxRetries.
+    Timeout,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Retryable => "Retryable",
+            FailureKind::NonRetryable => "NonRetryable",
+            FailureKind::Infrastructure => "Infrastructure",
+            FailureKind::Timeout => "Timeout",
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    #[schemars(schema_with = "date_time")]
+    pub time: Timestamp,
+    /// Absent for the first entry of a new task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<TaskPhase>,
+    pub to: TaskPhase,
+    pub attempt: i32,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// `ax-operator/<pod>`, `user` or `worker`.
+    pub actor: String,
+}

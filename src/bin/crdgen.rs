@@ -1,0 +1,22 @@
+//! Prints the CustomResourceDefinitions of ax as YAML, or writes one file each into a directory.
+
+use ax::api::AxTask;
+use kube::CustomResourceExt;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let crds = [("axtasks.yaml", AxTask::crd())];
+    match std::env::args().nth(1) {
+        Some(dir) => {
+            for (file, crd) in crds {
+                let path = std::path::Path::new(&dir).join(file);
+                std::fs::write(&path, serde_yaml::to_string(&crd)?)?;
+            }
+        }
+        None => {
+            for (_, crd) in crds {
+                print!("---\n{}", serde_yaml::to_string(&crd)?);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,6 @@
+//! Every decision of the operator as plain functions over plain data: no client, no clock, no
+//! randomness of their own. Tested exhaustively; the controllers only gather inputs and write.
+
+pub mod backoff;
+pub mod task;
+pub mod worker;

@@ -1,0 +1,340 @@
+//! Worker pods: their deterministic names, how they are built from a task, and what a pod says
+//! about the attempt it runs. Pure: no client, plain Kubernetes data in and out.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, ObjectFieldSelector, Pod, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use sha2::{Digest, Sha256};
+
+use crate::api::AxTask;
+
+pub const LABEL_TASK: &str = "ax.dev/task";
+pub const LABEL_ATTEMPT: &str = "ax.dev/attempt";
+pub const LABEL_TYPE: &str = "ax.dev/type";
+pub const PAYLOAD_ANNOTATION: &str = "ax.dev/payload";
+pub const PAYLOAD_DIR: &str = "/var/run/ax";
+pub const PAYLOAD_FILE: &str = "payload.json";
+/// Pod names double as hostnames, which must be DNS labels.
+const MAX_NAME: usize = 63;
+const HASH_LEN: usize = 10;
+
+/// `<task>-<attempt>`, or a truncated task name plus a hash of the whole name when that is too long.
+pub fn pod_name(task: &str, attempt: i32) -> String {
+    let suffix = format!("-{attempt}");
+    if task.len() + suffix.len() <= MAX_NAME {
+        return format!("{task}{suffix}");
+    }
+    format!("{}{suffix}", shorten(task, MAX_NAME - suffix.len()))
+}
+
+/// A task name as a label value (at most 63 characters), hash-shortened like [`pod_name`].
+pub fn label_value(name: &str) -> String {
+    if name.len() <= MAX_NAME { name.to_string() } else { shorten(name, MAX_NAME) }
+}
+
+/// `prefix-hash` of at most `max` characters; the hash keeps distinct names distinct.
+fn shorten(name: &str, max: usize) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect::<String>()[..HASH_LEN].to_string();
+    let keep = max.saturating_sub(HASH_LEN + 1);
+    // Names are ASCII (DNS subdomains); stay on a char boundary anyway and never end on a separator.
+    let mut prefix: String = name.chars().take(keep).collect();
+    while prefix.ends_with(['-', '.']) {
+        prefix.pop();
+    }
+    if prefix.is_empty() { hash } else { format!("{prefix}-{hash}") }
+}
+
+/// The worker pod for `attempt` of `task`. The task must have a name, namespace and uid (any task
+/// read from the API server has them).
+pub fn build_pod(task: &AxTask, attempt: i32, payload_json: &str) -> Pod {
+    let name = task.metadata.name.clone().unwrap_or_default();
+    let namespace = task.metadata.namespace.clone().unwrap_or_default();
+    let uid = task.metadata.uid.clone().unwrap_or_default();
+    let spec = &task.spec;
+    let mut template = spec.template.clone();
+    let mut metadata = template.metadata.take().unwrap_or_default();
+    let mut pod_spec = template.spec.take().unwrap_or_default();
+
+    let labels = metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(LABEL_TASK.into(), label_value(&name));
+    labels.insert(LABEL_ATTEMPT.into(), attempt.to_string());
+    labels.insert(LABEL_TYPE.into(), spec.task_type.clone());
+    labels.insert("app.kubernetes.io/managed-by".into(), "ax-operator".into());
+    labels.insert("app.kubernetes.io/component".into(), "worker".into());
+    metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(PAYLOAD_ANNOTATION.into(), payload_json.to_string());
+    metadata.name = Some(pod_name(&name, attempt));
+    metadata.namespace = Some(namespace.clone());
+    metadata.generate_name = None;
+    metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "ax.dev/v1alpha1".into(),
+        kind: "AxTask".into(),
+        name: name.clone(),
+        uid: uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+
+    pod_spec.restart_policy = Some("Never".into());
+    if pod_spec.automount_service_account_token.is_none() {
+        pod_spec.automount_service_account_token = Some(false);
+    }
+    let volume_name = "ax-payload".to_string();
+    pod_spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: volume_name.clone(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(vec![DownwardAPIVolumeFile {
+                path: PAYLOAD_FILE.into(),
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: format!("metadata.annotations['{PAYLOAD_ANNOTATION}']"),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let env = [
+        ("AX_TASK", name.as_str()),
+        ("AX_NAMESPACE", namespace.as_str()),
+        ("AX_ATTEMPT", &attempt.to_string()),
+        ("AX_TYPE", spec.task_type.as_str()),
+        ("AX_IDEMPOTENCY_KEY", uid.as_str()),
+        ("AX_PAYLOAD", payload_json),
+    ]
+    .map(|(k, v)| EnvVar { name: k.into(), value: Some(v.to_string()), value_from: None });
+    for container in &mut pod_spec.containers {
+        add_worker_env(container, &env);
+        container.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
+            name: volume_name.clone(),
+            mount_path: PAYLOAD_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    Pod { metadata, spec: Some(pod_spec), status: None }
+}
+
+/// The ax variables come first so a template that sets one of them explicitly wins.
+fn add_worker_env(container: &mut Container, env: &[EnvVar]) {
+    let mut all = env.to_vec();
+    all.extend(container.env.take().unwrap_or_default());
+    container.env = Some(all);
+}
+
+/// What the operator needs to know about a worker pod, extracted from its status.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct WorkerState {
+    pub phase: PodPhase,
+    /// The pod is being deleted (it has a deletionTimestamp).
+    pub deleting: bool,
+    pub node: Option<String>,
+    /// `Some(false)` when the pod's node is known and not Ready.
+    pub node_ready: Option<bool>,
+    pub restarts: i32,
+    /// The worker container's exit, when it has terminated.
+    pub exit: Option<ContainerExit>,
+    /// A container waiting reason that means it will never start (e.g. `ErrImagePull`).
+    pub stuck_reason: Option<(String, String)>,
+    /// The pod was evicted, lost its node or is a disruption target.
+    pub disrupted: Option<(String, String)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PodPhase {
+    #[default]
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerExit {
+    pub exit_code: i32,
+    pub reason: String,
+    /// The termination message (`/dev/termination-log`).
+    pub message: String,
+}
+
+/// Waiting reasons after which a container never starts without a change to the spec.
+const STUCK_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
+    let status = pod.status.clone().unwrap_or_default();
+    let phase = match status.phase.as_deref() {
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        Some("Unknown") => PodPhase::Unknown,
+        _ => PodPhase::Pending,
+    };
+    let containers = status.container_statuses.unwrap_or_default();
+    let restarts = containers.iter().map(|c| c.restart_count).sum();
+    // The first container that failed decides; otherwise the first that terminated.
+    let terminated: Vec<_> =
+        containers.iter().filter_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone())).collect();
+    let exit = terminated.iter().find(|t| t.exit_code != 0).or(terminated.first()).map(|t| ContainerExit {
+        exit_code: t.exit_code,
+        reason: t.reason.clone().unwrap_or_default(),
+        message: t.message.clone().unwrap_or_default(),
+    });
+    let stuck_reason = containers.iter().find_map(|c| {
+        let waiting = c.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.as_deref()?;
+        STUCK_REASONS
+            .contains(&reason)
+            .then(|| (reason.to_string(), waiting.message.clone().unwrap_or_default()))
+    });
+    let disruption_condition = status.conditions.unwrap_or_default().into_iter().find(|c| {
+        c.type_ == "DisruptionTarget" && c.status == "True"
+    });
+    let disrupted = match status.reason.as_deref() {
+        Some(reason @ ("Evicted" | "NodeLost" | "Shutdown" | "Terminated" | "NodeShutdown")) => {
+            Some((reason.to_string(), status.message.clone().unwrap_or_default()))
+        }
+        _ => disruption_condition.map(|c| {
+            (c.reason.unwrap_or_else(|| "DisruptionTarget".into()), c.message.unwrap_or_default())
+        }),
+    };
+    WorkerState {
+        phase,
+        deleting: pod.metadata.deletion_timestamp.is_some(),
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        node_ready,
+        restarts,
+        exit,
+        stuck_reason,
+        disrupted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::AxTaskSpec;
+    use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
+
+    fn task(name: &str) -> AxTask {
+        let spec: AxTaskSpec = serde_json::from_value(serde_json::json!({
+            "type": "report",
+            "template": {"spec": {"containers": [{"name": "w", "image": "busybox",
+                "env": [{"name": "AX_ATTEMPT", "value": "override"}, {"name": "MINE", "value": "1"}]}]}}
+        }))
+        .unwrap();
+        let mut t = AxTask::new(name, spec);
+        t.metadata.namespace = Some("ns".into());
+        t.metadata.uid = Some("uid-1".into());
+        t
+    }
+
+    #[test]
+    fn short_names_are_task_dash_attempt() {
+        assert_eq!(pod_name("report", 3), "report-3");
+    }
+
+    #[test]
+    fn long_names_are_shortened_to_a_dns_label_and_stay_distinct() {
+        let a = "a".repeat(100);
+        let b = format!("{}b", "a".repeat(99));
+        let (pa, pb) = (pod_name(&a, 12), pod_name(&b, 12));
+        assert!(pa.len() <= 63 && pb.len() <= 63, "{pa} {pb}");
+        assert_ne!(pa, pb);
+        assert!(pa.ends_with("-12"));
+        assert_eq!(pa, pod_name(&a, 12), "deterministic");
+        assert!(label_value(&a).len() <= 63);
+        let dashed = format!("{}-{}", "x".repeat(51), "y".repeat(40));
+        assert!(!pod_name(&dashed, 1).contains("--"));
+    }
+
+    #[test]
+    fn worker_pod_carries_identity_env_payload_and_owner() {
+        let pod = build_pod(&task("t1"), 2, r#"{"k":1}"#);
+        let meta = &pod.metadata;
+        assert_eq!(meta.name.as_deref(), Some("t1-2"));
+        let labels = meta.labels.as_ref().unwrap();
+        assert_eq!(labels[LABEL_TASK], "t1");
+        assert_eq!(labels[LABEL_ATTEMPT], "2");
+        assert_eq!(labels[LABEL_TYPE], "report");
+        assert_eq!(meta.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let env = spec.containers[0].env.clone().unwrap();
+        let value = |n: &str| env.iter().rev().find(|e| e.name == n).and_then(|e| e.value.clone());
+        assert_eq!(value("AX_TASK").as_deref(), Some("t1"));
+        assert_eq!(value("AX_IDEMPOTENCY_KEY").as_deref(), Some("uid-1"));
+        assert_eq!(value("AX_PAYLOAD").as_deref(), Some(r#"{"k":1}"#));
+        assert_eq!(value("AX_ATTEMPT").as_deref(), Some("override"), "the template wins");
+        assert_eq!(value("MINE").as_deref(), Some("1"));
+        assert_eq!(meta.annotations.as_ref().unwrap()[PAYLOAD_ANNOTATION], r#"{"k":1}"#);
+        assert_eq!(spec.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path, PAYLOAD_DIR);
+    }
+
+    #[test]
+    fn template_restart_policy_and_token_mount() {
+        let mut t = task("t1");
+        t.spec.template = PodTemplateSpec {
+            metadata: None,
+            spec: Some(PodSpec {
+                restart_policy: Some("Always".into()),
+                automount_service_account_token: Some(true),
+                containers: vec![Container { name: "w".into(), ..Default::default() }],
+                ..Default::default()
+            }),
+        };
+        let spec = build_pod(&t, 1, "{}").spec.unwrap();
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(spec.automount_service_account_token, Some(true));
+    }
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": status})).unwrap()
+    }
+
+    #[test]
+    fn observes_exit_code_and_termination_message() {
+        let p = pod(serde_json::json!({"phase": "Failed", "containerStatuses": [{
+            "name": "w", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 3, "reason": "Error", "message": "{\"error\":\"biz\"}"}}}]}));
+        let w = observe(&p, Some(true));
+        assert_eq!(w.phase, PodPhase::Failed);
+        let exit = w.exit.unwrap();
+        assert_eq!((exit.exit_code, exit.message.as_str()), (3, r#"{"error":"biz"}"#));
+    }
+
+    #[test]
+    fn observes_image_pull_errors_and_evictions() {
+        let p = pod(serde_json::json!({"phase": "Pending", "containerStatuses": [{
+            "name": "w", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "not present"}}}]}));
+        assert_eq!(observe(&p, None).stuck_reason.unwrap().0, "ErrImageNeverPull");
+        let p = pod(serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "low memory"}));
+        assert_eq!(observe(&p, None).disrupted.unwrap().0, "Evicted");
+        let p = pod(serde_json::json!({"phase": "Running", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}));
+        assert_eq!(observe(&p, None).disrupted.unwrap().0, "PreemptionByScheduler");
+    }
+
+    #[test]
+    fn observes_nothing_odd_on_an_empty_pod() {
+        let w = observe(&Pod::default(), None);
+        assert_eq!(w, WorkerState::default());
+    }
+}
