@@ -1,0 +1,172 @@
+//! ax-sim: simulated Kubernetes nodes for scale tests (the approach KWOK takes). It registers Node
+//! objects no kubelet runs, keeps them Ready, and drives the pods scheduled on them through the
+//! status subresource as their env asks (see `script.rs`).
+
+mod nodes;
+mod pods;
+mod script;
+mod status;
+mod writer;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tracing_subscriber::EnvFilter;
+
+use crate::nodes::SimNodes;
+use crate::pods::{Counters, PodDriver};
+use crate::writer::ApiWriter;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Simulated Kubernetes nodes for ax scale tests")]
+struct Args {
+    /// Kubeconfig of the cluster; without it the usual inference applies (in-cluster, ~/.kube/config).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// How many nodes to simulate.
+    #[arg(long, env = "AX_SIM_NODES")]
+    nodes: usize,
+    /// Node names are PREFIX-0 … PREFIX-(N-1).
+    #[arg(long, env = "AX_SIM_PREFIX", default_value = "ax-sim")]
+    prefix: String,
+    /// Most API writes in flight at once.
+    #[arg(long, env = "AX_SIM_API_CONCURRENCY", default_value_t = 32)]
+    api_concurrency: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SimError {
+    #[error("reading kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("inferring the cluster config: {0}")]
+    InferConfig(#[from] kube::config::InferConfigError),
+    #[error("building the API client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("registering sim nodes: {0}")]
+    Nodes(#[from] nodes::NodeError),
+    #[error("installing the signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, SimError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|source| SimError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| SimError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                })?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Client::try_from(config).map_err(SimError::Client)
+}
+
+/// Logs what was done every 10 s while something changes: the throughput seen by the simulator.
+async fn report_progress(counters: Arc<Counters>) {
+    const PERIOD: Duration = Duration::from_secs(10);
+    let mut last = counters.snapshot();
+    let mut ticks = tokio::time::interval(PERIOD);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let now = counters.snapshot();
+        if now != last {
+            let rate = |index: usize| (now[index] - last[index]) as f64 / PERIOD.as_secs_f64();
+            tracing::info!(
+                started = now[0],
+                finished = now[1],
+                deleted = now[2],
+                failed_writes = now[3],
+                started_per_s = rate(0),
+                finished_per_s = rate(1),
+                deleted_per_s = rate(2),
+                "pods driven"
+            );
+            last = now;
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), SimError> {
+    let client = client(args.kubeconfig.as_ref()).await?;
+    // Report the server's own version as the "kubelet" version, so version checks see no skew.
+    let kubelet_version = match client.apiserver_version().await {
+        Ok(info) => info.git_version,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the API server version");
+            "v0.0.0-ax-sim".to_owned()
+        }
+    };
+    let writer = ApiWriter::new(args.api_concurrency);
+    let sim_nodes = SimNodes::new(
+        client.clone(),
+        writer.clone(),
+        nodes::node_names(&args.prefix, args.nodes),
+        kubelet_version,
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(SimError::Signal)?;
+
+    sim_nodes.register_all().await?;
+    tracing::info!(
+        nodes = args.nodes,
+        prefix = args.prefix,
+        "sim nodes ready; driving their pods"
+    );
+    let counters = Arc::new(Counters::default());
+    let driver = PodDriver::new(client, writer, sim_nodes.names(), counters.clone());
+
+    tokio::select! {
+        () = sim_nodes.keep_alive() => {}
+        () = driver.run() => {}
+        () = report_progress(counters) => {}
+        _ = terminate.recv() => tracing::info!("SIGTERM: exiting"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: exiting"),
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            tracing::error!(%error, "cannot start the tokio runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(args));
+    // Pod tasks still sleeping are simply dropped: a restarted simulator picks their pods up again.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "ax-sim failed");
+            ExitCode::FAILURE
+        }
+    }
+}
