@@ -32,7 +32,10 @@ use super::{Condition, date_time, preserve_unknown_object};
 #[serde(rename_all = "camelCase")]
 pub struct AxTaskSpec {
     /// The task type: circuit breakers and per-type limits key on it.
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     #[serde(rename = "type")]
     pub task_type: String,
 
@@ -81,7 +84,20 @@ fn default_queue() -> String {
     "default".into()
 }
 
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[derive(
+    Deserialize,
+    Serialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    JsonSchema,
+)]
 pub enum Priority {
     Critical,
     High,
@@ -116,7 +132,10 @@ pub struct TimeoutSpec {
 
 impl Default for TimeoutSpec {
     fn default() -> Self {
-        Self { soft_seconds: None, hard_seconds: default_hard_seconds() }
+        Self {
+            soft_seconds: None,
+            hard_seconds: default_hard_seconds(),
+        }
     }
 }
 
@@ -145,7 +164,12 @@ pub struct RetrySpec {
 
 impl Default for RetrySpec {
     fn default() -> Self {
-        Self { max_retries: default_max_retries(), backoff: BackoffSpec::default(), budget_seconds: None, rules: Vec::new() }
+        Self {
+            max_retries: default_max_retries(),
+            backoff: BackoffSpec::default(),
+            budget_seconds: None,
+            rules: Vec::new(),
+        }
     }
 }
 
@@ -249,7 +273,10 @@ pub enum TaskPhase {
 impl TaskPhase {
     /// Terminal phases are never left.
     pub fn is_terminal(self) -> bool {
-        matches!(self, TaskPhase::Succeeded | TaskPhase::Dead | TaskPhase::Canceled)
+        matches!(
+            self,
+            TaskPhase::Succeeded | TaskPhase::Dead | TaskPhase::Canceled
+        )
     }
 
     /// An attempt is in flight: a worker pod exists or is about to.
@@ -282,6 +309,7 @@ impl std::fmt::Display for TaskPhase {
 pub struct AxTaskStatus {
     /// Absent until the operator has seen the task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_phase")]
     pub phase: Option<TaskPhase>,
     /// Number of the current attempt: 0 before the first dispatch.
     #[serde(default)]
@@ -381,6 +409,7 @@ pub struct HistoryEntry {
     pub time: Timestamp,
     /// Absent for the first entry of a new task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_phase")]
     pub from: Option<TaskPhase>,
     pub to: TaskPhase,
     pub attempt: i32,
@@ -389,4 +418,9 @@ pub struct HistoryEntry {
     pub message: String,
     /// `ax-operator/<pod>`, `user` or `worker`.
     pub actor: String,
+}
+
+/// An optional phase: the enum without the `null` schemars would add, which structural schemas reject.
+fn optional_phase(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    TaskPhase::json_schema(generator)
 }

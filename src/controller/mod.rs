@@ -1,1 +1,94 @@
+//! Thin reconcilers: gather inputs from the informer caches, decide with `crate::core`, write.
 
+pub mod callback;
+pub mod dispatch;
+pub mod run;
+pub mod task;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+use tokio::sync::Notify;
+
+use crate::api::AxTask;
+use crate::core::fifo::FifoQueue;
+
+/// The field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "ax-operator";
+
+/// Namespace and name of a task: how the queue refers to it.
+pub type TaskKey = (String, String);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("serializing {0}")]
+    Serialize(#[from] serde_json::Error),
+    #[error("object has no {0}")]
+    Incomplete(&'static str),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What every reconcile and the dispatcher share.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub tasks: Store<AxTask>,
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    pub queue: Mutex<FifoQueue<TaskKey>>,
+    /// The copy of each queued task as the reconciler last wrote it, which the cache may not have
+    /// caught up with yet when the dispatcher picks the task.
+    pub queued_copies: Mutex<HashMap<TaskKey, Arc<AxTask>>>,
+    /// Wakes the dispatcher when the queue may have something to do.
+    pub dispatch_wanted: Notify,
+    /// `ax-operator/<pod>`: the actor recorded in history.
+    pub operator: String,
+    pub callbacks: callback::Callbacks,
+}
+
+impl Context {
+    /// Locks the queue; a panic while holding it cannot leave it half-updated in a way that matters
+    /// more than stopping dispatch, so a poisoned lock is simply taken over.
+    pub fn queue(&self) -> std::sync::MutexGuard<'_, FifoQueue<TaskKey>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+pub type Ctx = Arc<Context>;
+
+impl Context {
+    /// The newer of the cached task and the copy the reconciler queued (by resourceVersion, which
+    /// etcd makes a counter; if either does not parse, the queued copy wins as it was written last).
+    pub fn freshest_task(&self, key: &TaskKey) -> Option<Arc<AxTask>> {
+        let queued = self
+            .queued_copies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        let cached = self
+            .tasks
+            .get(&kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0));
+        let version = |t: &AxTask| {
+            t.metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        match (queued, cached) {
+            (Some(q), Some(c)) => match (version(&q), version(&c)) {
+                (Some(qv), Some(cv)) if cv > qv => Some(c),
+                _ => Some(q),
+            },
+            (q, c) => q.or(c),
+        }
+    }
+}

@@ -10,7 +10,11 @@ pub fn retry_delay(spec: &BackoffSpec, n: u32, unit_random: f64) -> Duration {
     let exponent = n.saturating_sub(1).min(1024) as i32;
     let base = spec.base_seconds.max(0) as f64;
     let max = spec.max_seconds.max(0) as f64;
-    let factor = if spec.factor.is_finite() { spec.factor.max(1.0) } else { 1.0 };
+    let factor = if spec.factor.is_finite() {
+        spec.factor.max(1.0)
+    } else {
+        1.0
+    };
     // powi overflows to infinity for huge exponents, which min() then caps.
     let exponential = (base * factor.powi(exponent)).min(max);
     let jitter_ms = spec.jitter_millis.max(0) as f64 * unit_random.clamp(0.0, 1.0 - f64::EPSILON);
@@ -23,13 +27,20 @@ mod tests {
     use proptest::prelude::*;
 
     fn spec(base: i64, factor: f64, max: i64, jitter: i64) -> BackoffSpec {
-        BackoffSpec { base_seconds: base, factor, max_seconds: max, jitter_millis: jitter }
+        BackoffSpec {
+            base_seconds: base,
+            factor,
+            max_seconds: max,
+            jitter_millis: jitter,
+        }
     }
 
     #[test]
     fn doubles_from_base_until_capped() {
         let s = spec(1, 2.0, 300, 0);
-        let secs: Vec<u64> = (1..=10).map(|n| retry_delay(&s, n, 0.0).as_secs()).collect();
+        let secs: Vec<u64> = (1..=10)
+            .map(|n| retry_delay(&s, n, 0.0).as_secs())
+            .collect();
         assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 64, 128, 256, 300]);
     }
 

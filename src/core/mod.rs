@@ -2,5 +2,7 @@
 //! randomness of their own. Tested exhaustively; the controllers only gather inputs and write.
 
 pub mod backoff;
+pub mod dag;
+pub mod fifo;
 pub mod task;
 pub mod worker;

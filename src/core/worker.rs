@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, ObjectFieldSelector, Pod, Volume,
-    VolumeMount,
+    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, ObjectFieldSelector, Pod,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
@@ -33,20 +33,32 @@ pub fn pod_name(task: &str, attempt: i32) -> String {
 
 /// A task name as a label value (at most 63 characters), hash-shortened like [`pod_name`].
 pub fn label_value(name: &str) -> String {
-    if name.len() <= MAX_NAME { name.to_string() } else { shorten(name, MAX_NAME) }
+    if name.len() <= MAX_NAME {
+        name.to_string()
+    } else {
+        shorten(name, MAX_NAME)
+    }
 }
 
 /// `prefix-hash` of at most `max` characters; the hash keeps distinct names distinct.
 fn shorten(name: &str, max: usize) -> String {
     let digest = Sha256::digest(name.as_bytes());
-    let hash: String = digest.iter().map(|b| format!("{b:02x}")).collect::<String>()[..HASH_LEN].to_string();
+    let hash: String = digest
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..HASH_LEN]
+        .to_string();
     let keep = max.saturating_sub(HASH_LEN + 1);
     // Names are ASCII (DNS subdomains); stay on a char boundary anyway and never end on a separator.
     let mut prefix: String = name.chars().take(keep).collect();
     while prefix.ends_with(['-', '.']) {
         prefix.pop();
     }
-    if prefix.is_empty() { hash } else { format!("{prefix}-{hash}") }
+    if prefix.is_empty() {
+        hash
+    } else {
+        format!("{prefix}-{hash}")
+    }
 }
 
 /// The worker pod for `attempt` of `task`. The task must have a name, namespace and uid (any task
@@ -110,17 +122,28 @@ pub fn build_pod(task: &AxTask, attempt: i32, payload_json: &str) -> Pod {
         ("AX_IDEMPOTENCY_KEY", uid.as_str()),
         ("AX_PAYLOAD", payload_json),
     ]
-    .map(|(k, v)| EnvVar { name: k.into(), value: Some(v.to_string()), value_from: None });
+    .map(|(k, v)| EnvVar {
+        name: k.into(),
+        value: Some(v.to_string()),
+        value_from: None,
+    });
     for container in &mut pod_spec.containers {
         add_worker_env(container, &env);
-        container.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
-            name: volume_name.clone(),
-            mount_path: PAYLOAD_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
+        container
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                name: volume_name.clone(),
+                mount_path: PAYLOAD_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            });
     }
-    Pod { metadata, spec: Some(pod_spec), status: None }
+    Pod {
+        metadata,
+        spec: Some(pod_spec),
+        status: None,
+    }
 }
 
 /// The ax variables come first so a template that sets one of them explicitly wins.
@@ -188,29 +211,46 @@ pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
     let containers = status.container_statuses.unwrap_or_default();
     let restarts = containers.iter().map(|c| c.restart_count).sum();
     // The first container that failed decides; otherwise the first that terminated.
-    let terminated: Vec<_> =
-        containers.iter().filter_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone())).collect();
-    let exit = terminated.iter().find(|t| t.exit_code != 0).or(terminated.first()).map(|t| ContainerExit {
-        exit_code: t.exit_code,
-        reason: t.reason.clone().unwrap_or_default(),
-        message: t.message.clone().unwrap_or_default(),
-    });
+    let terminated: Vec<_> = containers
+        .iter()
+        .filter_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone()))
+        .collect();
+    let exit = terminated
+        .iter()
+        .find(|t| t.exit_code != 0)
+        .or(terminated.first())
+        .map(|t| ContainerExit {
+            exit_code: t.exit_code,
+            reason: t.reason.clone().unwrap_or_default(),
+            message: t.message.clone().unwrap_or_default(),
+        });
     let stuck_reason = containers.iter().find_map(|c| {
         let waiting = c.state.as_ref()?.waiting.as_ref()?;
         let reason = waiting.reason.as_deref()?;
-        STUCK_REASONS
-            .contains(&reason)
-            .then(|| (reason.to_string(), waiting.message.clone().unwrap_or_default()))
+        STUCK_REASONS.contains(&reason).then(|| {
+            (
+                reason.to_string(),
+                waiting.message.clone().unwrap_or_default(),
+            )
+        })
     });
-    let disruption_condition = status.conditions.unwrap_or_default().into_iter().find(|c| {
-        c.type_ == "DisruptionTarget" && c.status == "True"
-    });
+    let disruption_condition = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
     let disrupted = match status.reason.as_deref() {
         Some(reason @ ("Evicted" | "NodeLost" | "Shutdown" | "Terminated" | "NodeShutdown")) => {
-            Some((reason.to_string(), status.message.clone().unwrap_or_default()))
+            Some((
+                reason.to_string(),
+                status.message.clone().unwrap_or_default(),
+            ))
         }
         _ => disruption_condition.map(|c| {
-            (c.reason.unwrap_or_else(|| "DisruptionTarget".into()), c.message.unwrap_or_default())
+            (
+                c.reason.unwrap_or_else(|| "DisruptionTarget".into()),
+                c.message.unwrap_or_default(),
+            )
         }),
     };
     WorkerState {
@@ -277,14 +317,29 @@ mod tests {
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(spec.automount_service_account_token, Some(false));
         let env = spec.containers[0].env.clone().unwrap();
-        let value = |n: &str| env.iter().rev().find(|e| e.name == n).and_then(|e| e.value.clone());
+        let value = |n: &str| {
+            env.iter()
+                .rev()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
         assert_eq!(value("AX_TASK").as_deref(), Some("t1"));
         assert_eq!(value("AX_IDEMPOTENCY_KEY").as_deref(), Some("uid-1"));
         assert_eq!(value("AX_PAYLOAD").as_deref(), Some(r#"{"k":1}"#));
-        assert_eq!(value("AX_ATTEMPT").as_deref(), Some("override"), "the template wins");
+        assert_eq!(
+            value("AX_ATTEMPT").as_deref(),
+            Some("override"),
+            "the template wins"
+        );
         assert_eq!(value("MINE").as_deref(), Some("1"));
-        assert_eq!(meta.annotations.as_ref().unwrap()[PAYLOAD_ANNOTATION], r#"{"k":1}"#);
-        assert_eq!(spec.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path, PAYLOAD_DIR);
+        assert_eq!(
+            meta.annotations.as_ref().unwrap()[PAYLOAD_ANNOTATION],
+            r#"{"k":1}"#
+        );
+        assert_eq!(
+            spec.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path,
+            PAYLOAD_DIR
+        );
     }
 
     #[test]
@@ -295,7 +350,10 @@ mod tests {
             spec: Some(PodSpec {
                 restart_policy: Some("Always".into()),
                 automount_service_account_token: Some(true),
-                containers: vec![Container { name: "w".into(), ..Default::default() }],
+                containers: vec![Container {
+                    name: "w".into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
             }),
         };
@@ -305,31 +363,47 @@ mod tests {
     }
 
     fn pod(status: serde_json::Value) -> Pod {
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": status})).unwrap()
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": status}))
+            .unwrap()
     }
 
     #[test]
     fn observes_exit_code_and_termination_message() {
-        let p = pod(serde_json::json!({"phase": "Failed", "containerStatuses": [{
+        let p = pod(
+            serde_json::json!({"phase": "Failed", "containerStatuses": [{
             "name": "w", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"terminated": {"exitCode": 3, "reason": "Error", "message": "{\"error\":\"biz\"}"}}}]}));
+            "state": {"terminated": {"exitCode": 3, "reason": "Error", "message": "{\"error\":\"biz\"}"}}}]}),
+        );
         let w = observe(&p, Some(true));
         assert_eq!(w.phase, PodPhase::Failed);
         let exit = w.exit.unwrap();
-        assert_eq!((exit.exit_code, exit.message.as_str()), (3, r#"{"error":"biz"}"#));
+        assert_eq!(
+            (exit.exit_code, exit.message.as_str()),
+            (3, r#"{"error":"biz"}"#)
+        );
     }
 
     #[test]
     fn observes_image_pull_errors_and_evictions() {
-        let p = pod(serde_json::json!({"phase": "Pending", "containerStatuses": [{
+        let p = pod(
+            serde_json::json!({"phase": "Pending", "containerStatuses": [{
             "name": "w", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "not present"}}}]}));
-        assert_eq!(observe(&p, None).stuck_reason.unwrap().0, "ErrImageNeverPull");
-        let p = pod(serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "low memory"}));
+            "state": {"waiting": {"reason": "ErrImageNeverPull", "message": "not present"}}}]}),
+        );
+        assert_eq!(
+            observe(&p, None).stuck_reason.unwrap().0,
+            "ErrImageNeverPull"
+        );
+        let p = pod(
+            serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "low memory"}),
+        );
         assert_eq!(observe(&p, None).disrupted.unwrap().0, "Evicted");
         let p = pod(serde_json::json!({"phase": "Running", "conditions": [
             {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}));
-        assert_eq!(observe(&p, None).disrupted.unwrap().0, "PreemptionByScheduler");
+        assert_eq!(
+            observe(&p, None).disrupted.unwrap().0,
+            "PreemptionByScheduler"
+        );
     }
 
     #[test]

@@ -1,0 +1,89 @@
+//! Wiring: informers (reflectors) for tasks, their pods and nodes, the AxTask controller and the
+//! dispatcher, running side by side.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tracing::info;
+
+use super::callback::Callbacks;
+use super::{Context, dispatch, task};
+use crate::api::AxTask;
+use crate::core::fifo::FifoQueue;
+use crate::core::worker::LABEL_TASK;
+
+pub struct Settings {
+    /// Maximum tasks Scheduled or Running at once.
+    pub concurrency: usize,
+    /// Who we are, for history entries and Events (`ax-operator/<pod>`).
+    pub identity: String,
+}
+
+pub async fn run(
+    client: Client,
+    settings: Settings,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let tasks_api: Api<AxTask> = Api::all(client.clone());
+    let pods_api: Api<Pod> = Api::all(client.clone());
+    let nodes_api: Api<Node> = Api::all(client.clone());
+
+    let (pods, pods_writer) = reflector::store();
+    let pod_events = reflector::reflector(
+        pods_writer,
+        watcher(pods_api, watcher::Config::default().labels(LABEL_TASK)).default_backoff(),
+    )
+    .touched_objects();
+
+    let (nodes, nodes_writer) = reflector::store();
+    let node_watch = reflector::reflector(
+        nodes_writer,
+        watcher(nodes_api, watcher::Config::default()).default_backoff(),
+    )
+    .for_each(|_| async {});
+
+    let controller = Controller::new(tasks_api, watcher::Config::default()).owns_stream(pod_events);
+    let reporter = Reporter {
+        controller: "ax-operator".into(),
+        instance: Some(settings.identity.clone()),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        tasks: controller.store(),
+        pods: pods.clone(),
+        nodes: nodes.clone(),
+        queue: Mutex::new(FifoQueue::new(settings.concurrency)),
+        queued_copies: Mutex::new(HashMap::new()),
+        dispatch_wanted: Notify::new(),
+        operator: format!("ax-operator/{}", settings.identity),
+        callbacks: Callbacks::new()?,
+    });
+
+    let node_task = tokio::spawn(node_watch);
+    let controller = controller.shutdown_on_signal();
+    let wait_ctx = ctx.clone();
+    let controller_run = async move {
+        controller
+            .run(task::reconcile, task::error_policy, wait_ctx.clone())
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "reconcile");
+                }
+            })
+            .await
+    };
+    info!(concurrency = settings.concurrency, "ax-operator running");
+    tokio::select! {
+        _ = controller_run => {}
+        _ = dispatch::run(ctx.clone()) => {}
+    }
+    node_task.abort();
+    Ok(())
+}
