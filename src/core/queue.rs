@@ -1,0 +1,1182 @@
+//! The dispatcher of one AxQueue (DESIGN §4): which pending task runs next, and what holds the others.
+//!
+//! Pure and deterministic: time comes in as arguments, no I/O. The controller feeds it the tasks
+//! (`upsert`, `remove`, `mark_running` when rebuilding after a restart), asks `next` for the task to
+//! dispatch, and reports `finished` outcomes.
+//!
+//! Layout: each priority bucket is split into lanes, one per (task type, first attempt or retry), each
+//! a FIFO by (`queued_at`, key). A bucket keeps the heads of its lanes in one ordered set, so its next
+//! task is the first head whose lane is not blocked (type concurrency, open circuit, no retry token): a
+//! blocked type never holds up the tasks behind it, and choosing costs O(log n) plus one check per
+//! blocked lane head, never a scan of the pending tasks.
+//!
+//! Choice between buckets: a bucket whose next task has waited longer than the bucket's max-wait goes
+//! first (oldest such task first); otherwise smooth weighted round robin (nginx) over the buckets that
+//! have a dispatchable task and a weight above 0. Weights come from the first `weight_schedule` window
+//! containing the instant, else from `weights`. An overdue dispatch leaves the round robin state alone,
+//! so the weighted shares of the other dispatches are unchanged.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::breaker::{Breaker, BreakerConfig, BreakerState, Verdict};
+use super::token_bucket::TokenBucket;
+use super::weights::{WeightWindow, Weights, effective_weights};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Priority {
+    Critical,
+    High,
+    Normal,
+    Low,
+}
+
+impl Priority {
+    /// Highest first; also the tie-break order between buckets.
+    pub const ALL: [Priority; 4] = [
+        Priority::Critical,
+        Priority::High,
+        Priority::Normal,
+        Priority::Low,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "Critical",
+            Priority::High => "High",
+            Priority::Normal => "Normal",
+            Priority::Low => "Low",
+        }
+    }
+}
+
+/// How long the next task of a bucket may wait before it goes ahead of the weights; `None` = no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxWait {
+    pub critical: Option<SignedDuration>,
+    pub high: Option<SignedDuration>,
+    pub normal: Option<SignedDuration>,
+    pub low: Option<SignedDuration>,
+}
+
+impl Default for MaxWait {
+    fn default() -> Self {
+        Self {
+            critical: None,
+            high: None,
+            normal: Some(SignedDuration::from_secs(30)),
+            low: Some(SignedDuration::from_secs(120)),
+        }
+    }
+}
+
+impl MaxWait {
+    pub fn of(&self, priority: Priority) -> Option<SignedDuration> {
+        match priority {
+            Priority::Critical => self.critical,
+            Priority::High => self.high,
+            Priority::Normal => self.normal,
+            Priority::Low => self.low,
+        }
+    }
+}
+
+/// The dispatch-relevant part of an AxQueue spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    pub weights: Weights,
+    pub max_wait: MaxWait,
+    /// Most tasks dispatched and not yet finished (Scheduled + Running) at once.
+    pub concurrency: u32,
+    /// Per task type, most of its tasks dispatched and not yet finished at once.
+    pub type_concurrency: BTreeMap<String, u32>,
+    /// Rate of dispatches of attempts after the first; see `token_bucket` for the burst.
+    pub retry_rate_per_minute: u32,
+    pub circuit_breaker: BreakerConfig,
+    pub weight_schedule: Vec<WeightWindow>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            weights: Weights::default(),
+            max_wait: MaxWait::default(),
+            concurrency: 100,
+            type_concurrency: BTreeMap::new(),
+            retry_rate_per_minute: 1000,
+            circuit_breaker: BreakerConfig::default(),
+            weight_schedule: Vec::new(),
+        }
+    }
+}
+
+/// A task waiting to be dispatched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingTask {
+    pub priority: Priority,
+    pub task_type: String,
+    pub queued_at: Timestamp,
+    /// The attempt this dispatch would start (1 = first); above 1 it is a retry and needs a token.
+    pub attempt: u32,
+}
+
+/// How a dispatched task ended, as far as the dispatcher cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    /// Ended for a reason that says nothing about its type's health (canceled, deleted, evicted):
+    /// frees its slot without feeding the circuit breaker.
+    Aborted,
+}
+
+/// Why a pending task is not being dispatched right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HeldReason {
+    /// The queue's `concurrency` is used up.
+    ConcurrencyLimit,
+    /// The `typeConcurrency` of the task's type is used up.
+    TypeConcurrencyLimit,
+    /// A retry, and the queue's retry token bucket is empty.
+    RetryRateLimited,
+    /// The circuit of the task's type is open, or half-open with its probe running.
+    CircuitOpen,
+    /// Nothing holds it but its turn: older or higher-weighted tasks go first.
+    Waiting,
+}
+
+impl HeldReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeldReason::ConcurrencyLimit => "ConcurrencyLimit",
+            HeldReason::TypeConcurrencyLimit => "TypeConcurrencyLimit",
+            HeldReason::RetryRateLimited => "RetryRateLimited",
+            HeldReason::CircuitOpen => "CircuitOpen",
+            HeldReason::Waiting => "Waiting",
+        }
+    }
+}
+
+/// What queue status reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Pending tasks per bucket, highest priority first.
+    pub pending: [(Priority, usize); 4],
+    /// Tasks dispatched and not yet finished.
+    pub running: usize,
+    /// Task types whose circuit is not closed, by name.
+    pub open_circuits: Vec<(String, BreakerState)>,
+    /// Dispatches since this dispatcher was created.
+    pub dispatched: u64,
+}
+
+/// Index into `Dispatcher::types`.
+type TypeId = usize;
+
+/// One FIFO inside a bucket: the tasks of one type that are either first attempts or retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Lane {
+    type_id: TypeId,
+    retry: bool,
+}
+
+#[derive(Debug)]
+struct TypeState {
+    name: String,
+    limit: Option<u32>,
+    pending: usize,
+    running: u32,
+    breaker: Breaker,
+}
+
+#[derive(Debug)]
+struct Bucket<K> {
+    lanes: HashMap<Lane, BTreeSet<(Timestamp, K)>>,
+    /// The first task of every non-empty lane.
+    heads: BTreeSet<(Timestamp, K, Lane)>,
+    len: usize,
+}
+
+impl<K> Default for Bucket<K> {
+    fn default() -> Self {
+        Self {
+            lanes: HashMap::new(),
+            heads: BTreeSet::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<K: Clone + Ord> Bucket<K> {
+    fn insert(&mut self, lane: Lane, queued_at: Timestamp, key: K) {
+        let fifo = self.lanes.entry(lane).or_default();
+        let new_head = fifo
+            .first()
+            .is_none_or(|(head_at, head_key)| (queued_at, &key) < (*head_at, head_key));
+        if new_head {
+            if let Some((head_at, head_key)) = fifo.first() {
+                self.heads.remove(&(*head_at, head_key.clone(), lane));
+            }
+            self.heads.insert((queued_at, key.clone(), lane));
+        }
+        if fifo.insert((queued_at, key)) {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, lane: Lane, queued_at: Timestamp, key: &K) {
+        let Some(fifo) = self.lanes.get_mut(&lane) else {
+            return;
+        };
+        let entry = (queued_at, key.clone());
+        let was_head = fifo.first() == Some(&entry);
+        if !fifo.remove(&entry) {
+            return;
+        }
+        self.len -= 1;
+        if was_head {
+            self.heads.remove(&(queued_at, entry.1, lane));
+            match fifo.first() {
+                Some((next_at, next_key)) => {
+                    self.heads.insert((*next_at, next_key.clone(), lane));
+                }
+                None => {
+                    self.lanes.remove(&lane);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PendingEntry {
+    priority: Priority,
+    lane: Lane,
+    queued_at: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RunningEntry {
+    type_id: TypeId,
+    /// The half-open probe of its type's breaker.
+    probe: bool,
+}
+
+#[derive(Debug)]
+pub struct Dispatcher<K> {
+    config: QueueConfig,
+    types: Vec<TypeState>,
+    type_ids: HashMap<String, TypeId>,
+    /// Ids of `types` entries no longer used, for reuse.
+    free_type_ids: Vec<TypeId>,
+    buckets: [Bucket<K>; 4],
+    pending: HashMap<K, PendingEntry>,
+    running: HashMap<K, RunningEntry>,
+    retry_tokens: TokenBucket,
+    /// Smooth weighted round robin "current weight" per bucket.
+    round_robin: [i64; 4],
+    dispatched: u64,
+}
+
+impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
+    pub fn new(config: QueueConfig) -> Self {
+        // A bucket last refilled at the dawn of time is full whenever it is first asked.
+        let retry_tokens = TokenBucket::new(config.retry_rate_per_minute, Timestamp::MIN);
+        Self {
+            config,
+            types: Vec::new(),
+            type_ids: HashMap::new(),
+            free_type_ids: Vec::new(),
+            buckets: Default::default(),
+            pending: HashMap::new(),
+            running: HashMap::new(),
+            retry_tokens,
+            round_robin: [0; 4],
+            dispatched: 0,
+        }
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// Applies an edited queue spec at once; pending and running tasks are kept.
+    pub fn set_config(&mut self, config: QueueConfig, now: Timestamp) {
+        self.retry_tokens
+            .set_rate(config.retry_rate_per_minute, now);
+        for state in &mut self.types {
+            state.limit = config.type_concurrency.get(&state.name).copied();
+            state.breaker.reconfigure(now, &config.circuit_breaker);
+        }
+        self.config = config;
+    }
+
+    /// Adds a pending task, or replaces it (its priority, type, attempt or time may have changed).
+    /// A task that was counted as running is pending again: its slot is freed as `Aborted`.
+    pub fn upsert(&mut self, key: K, task: PendingTask) {
+        self.release_running(&key, Outcome::Aborted, None);
+        self.remove_pending(&key);
+        let type_id = self.intern_type(&task.task_type);
+        self.types[type_id].pending += 1;
+        let lane = Lane {
+            type_id,
+            retry: task.attempt > 1,
+        };
+        self.buckets[task.priority.index()].insert(lane, task.queued_at, key.clone());
+        self.pending.insert(
+            key,
+            PendingEntry {
+                priority: task.priority,
+                lane,
+                queued_at: task.queued_at,
+            },
+        );
+    }
+
+    /// Forgets a task, pending or running (deleted, canceled). Returns whether it was known.
+    pub fn remove(&mut self, key: &K) -> bool {
+        self.remove_pending(key) || self.release_running(key, Outcome::Aborted, None)
+    }
+
+    /// Counts a task as dispatched and unfinished without dispatching it: used when rebuilding after
+    /// a restart from tasks that are Scheduled or Running. Limits are not checked (it already runs).
+    pub fn mark_running(&mut self, key: K, task_type: &str) {
+        self.remove_pending(&key);
+        self.release_running(&key, Outcome::Aborted, None);
+        let type_id = self.intern_type(task_type);
+        self.types[type_id].running += 1;
+        self.running.insert(
+            key,
+            RunningEntry {
+                type_id,
+                probe: false,
+            },
+        );
+    }
+
+    /// Frees the slot of a dispatched task and feeds its outcome to its type's breaker. Returns
+    /// whether the task was counted as running (repeated calls are harmless).
+    pub fn finished(&mut self, key: &K, outcome: Outcome, now: Timestamp) -> bool {
+        self.release_running(key, outcome, Some(now))
+    }
+
+    /// Picks the task to dispatch at `now` and counts it as running, or `None` when nothing may go.
+    pub fn next(&mut self, now: Timestamp) -> Option<K> {
+        if self.running.len() >= self.config.concurrency as usize {
+            return None;
+        }
+        let (priority, queued_at, key, lane) = self.choose(now)?;
+        self.buckets[priority.index()].remove(lane, queued_at, &key);
+        self.pending.remove(&key);
+        let state = &mut self.types[lane.type_id];
+        state.pending -= 1;
+        state.running += 1;
+        let probe = state.breaker.on_dispatch(now);
+        if lane.retry {
+            // `choose` saw a token, so this cannot fail.
+            self.retry_tokens.try_take(now);
+        }
+        self.running.insert(
+            key.clone(),
+            RunningEntry {
+                type_id: lane.type_id,
+                probe,
+            },
+        );
+        self.dispatched += 1;
+        Some(key)
+    }
+
+    /// Why the pending task `key` is not dispatched at `now`; `None` if it is not pending.
+    /// A task held for several reasons reports the one most specific to it, in the order
+    /// circuit, type concurrency, retry rate, queue concurrency.
+    pub fn held_reason(&self, key: &K, now: Timestamp) -> Option<HeldReason> {
+        let entry = self.pending.get(key)?;
+        let retry_token = self.retry_tokens.has_token(now);
+        Some(
+            lane_blocked(&self.types, entry.lane, now, retry_token).unwrap_or(
+                if self.running.len() >= self.config.concurrency as usize {
+                    HeldReason::ConcurrencyLimit
+                } else {
+                    HeldReason::Waiting
+                },
+            ),
+        )
+    }
+
+    pub fn stats(&self, now: Timestamp) -> QueueStats {
+        let mut open_circuits: Vec<(String, BreakerState)> = self
+            .types
+            .iter()
+            .zip(0..)
+            .filter(|(state, id)| self.type_ids.get(&state.name) == Some(id))
+            .map(|(state, _)| (state.name.clone(), state.breaker.state(now)))
+            .filter(|(_, breaker)| *breaker != BreakerState::Closed)
+            .collect();
+        open_circuits.sort_by(|a, b| a.0.cmp(&b.0));
+        QueueStats {
+            pending: Priority::ALL.map(|priority| (priority, self.buckets[priority.index()].len)),
+            running: self.running.len(),
+            open_circuits,
+            dispatched: self.dispatched,
+        }
+    }
+
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn running_len(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn is_running(&self, key: &K) -> bool {
+        self.running.contains_key(key)
+    }
+
+    /// The bucket and task to dispatch at `now`, if any, ignoring queue concurrency.
+    fn choose(&mut self, now: Timestamp) -> Option<(Priority, Timestamp, K, Lane)> {
+        let Self {
+            config,
+            types,
+            buckets,
+            retry_tokens,
+            round_robin,
+            ..
+        } = self;
+        let retry_token = retry_tokens.has_token(now);
+        let candidates: [Option<&(Timestamp, K, Lane)>; 4] = Priority::ALL.map(|priority| {
+            buckets[priority.index()]
+                .heads
+                .iter()
+                .find(|(_, _, lane)| lane_blocked(types, *lane, now, retry_token).is_none())
+        });
+
+        let overdue = Priority::ALL
+            .into_iter()
+            .filter_map(|priority| {
+                let (queued_at, _, _) = candidates[priority.index()]?;
+                let max_wait = config.max_wait.of(priority)?;
+                (now.duration_since(*queued_at) > max_wait).then_some((*queued_at, priority))
+            })
+            .min();
+        let chosen = match overdue {
+            Some((_, priority)) => priority,
+            None => {
+                let weights = effective_weights(&config.weights, &config.weight_schedule, now);
+                let eligible = Priority::ALL.map(|priority| {
+                    candidates[priority.index()].is_some() && weights.of(priority) > 0
+                });
+                smooth_weighted_round_robin(round_robin, weights, eligible)?
+            }
+        };
+        let (queued_at, key, lane) = candidates[chosen.index()]?;
+        Some((chosen, *queued_at, key.clone(), *lane))
+    }
+
+    fn intern_type(&mut self, task_type: &str) -> TypeId {
+        if let Some(id) = self.type_ids.get(task_type) {
+            return *id;
+        }
+        let state = TypeState {
+            name: task_type.to_string(),
+            limit: self.config.type_concurrency.get(task_type).copied(),
+            pending: 0,
+            running: 0,
+            breaker: Breaker::new(),
+        };
+        let id = match self.free_type_ids.pop() {
+            Some(id) => {
+                self.types[id] = state;
+                id
+            }
+            None => {
+                self.types.push(state);
+                self.types.len() - 1
+            }
+        };
+        self.type_ids.insert(task_type.to_string(), id);
+        id
+    }
+
+    /// Drops a type that has no pending or running task and nothing in its breaker worth keeping,
+    /// so that memory follows the live types rather than every type ever seen.
+    fn release_type_if_unused(&mut self, type_id: TypeId) {
+        let state = &self.types[type_id];
+        if state.pending == 0 && state.running == 0 && state.breaker.is_forgettable() {
+            self.type_ids.remove(&state.name);
+            self.free_type_ids.push(type_id);
+        }
+    }
+
+    fn remove_pending(&mut self, key: &K) -> bool {
+        let Some(entry) = self.pending.remove(key) else {
+            return false;
+        };
+        self.buckets[entry.priority.index()].remove(entry.lane, entry.queued_at, key);
+        self.types[entry.lane.type_id].pending -= 1;
+        self.release_type_if_unused(entry.lane.type_id);
+        true
+    }
+
+    /// `now` is only needed when the outcome feeds the breaker.
+    fn release_running(&mut self, key: &K, outcome: Outcome, now: Option<Timestamp>) -> bool {
+        let Some(entry) = self.running.remove(key) else {
+            return false;
+        };
+        let state = &mut self.types[entry.type_id];
+        state.running -= 1;
+        let verdict = match outcome {
+            Outcome::Succeeded => Some(Verdict::Success),
+            Outcome::Failed => Some(Verdict::Failure),
+            Outcome::Aborted => None,
+        };
+        match (verdict, now) {
+            (Some(verdict), Some(now)) => {
+                state
+                    .breaker
+                    .record(verdict, entry.probe, now, &self.config.circuit_breaker);
+            }
+            _ if entry.probe => state.breaker.probe_abandoned(),
+            _ => {}
+        }
+        self.release_type_if_unused(entry.type_id);
+        true
+    }
+}
+
+/// What holds the tasks of `lane` at `now`, queue concurrency aside.
+fn lane_blocked(
+    types: &[TypeState],
+    lane: Lane,
+    now: Timestamp,
+    retry_token: bool,
+) -> Option<HeldReason> {
+    let state = &types[lane.type_id];
+    if !state.breaker.allows(now) {
+        Some(HeldReason::CircuitOpen)
+    } else if state.limit.is_some_and(|limit| state.running >= limit) {
+        Some(HeldReason::TypeConcurrencyLimit)
+    } else if lane.retry && !retry_token {
+        Some(HeldReason::RetryRateLimited)
+    } else {
+        None
+    }
+}
+
+/// nginx's smooth weighted round robin: every eligible bucket gains its weight, the richest (ties to
+/// the higher priority) is chosen and pays the total. Buckets sitting out start again from zero, so
+/// an idle bucket does not save up credit for a burst later.
+fn smooth_weighted_round_robin(
+    current: &mut [i64; 4],
+    weights: &Weights,
+    eligible: [bool; 4],
+) -> Option<Priority> {
+    let mut total = 0i64;
+    let mut chosen: Option<Priority> = None;
+    for priority in Priority::ALL {
+        let index = priority.index();
+        if !eligible[index] {
+            current[index] = 0;
+            continue;
+        }
+        let weight = i64::from(weights.of(priority));
+        current[index] += weight;
+        total += weight;
+        if chosen.is_none_or(|best| current[index] > current[best.index()]) {
+            chosen = Some(priority);
+        }
+    }
+    let chosen = chosen?;
+    current[chosen.index()] -= total;
+    Some(chosen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).expect("valid test timestamp")
+    }
+
+    fn task(
+        priority: Priority,
+        task_type: &str,
+        queued_at: Timestamp,
+        attempt: u32,
+    ) -> PendingTask {
+        PendingTask {
+            priority,
+            task_type: task_type.to_string(),
+            queued_at,
+            attempt,
+        }
+    }
+
+    fn unlimited() -> QueueConfig {
+        QueueConfig {
+            concurrency: u32::MAX,
+            ..QueueConfig::default()
+        }
+    }
+
+    /// Dispatches and finishes until nothing more goes; returns the dispatch order.
+    fn drain(dispatcher: &mut Dispatcher<u32>, now: Timestamp) -> Vec<u32> {
+        let mut order = Vec::new();
+        while let Some(key) = dispatcher.next(now) {
+            dispatcher.finished(&key, Outcome::Succeeded, now);
+            order.push(key);
+        }
+        order
+    }
+
+    #[test]
+    fn saturated_buckets_share_dispatches_by_weight() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        let now = t(0);
+        // 50 tasks per bucket, each put back when done: every bucket stays non-empty.
+        let mut priority_of = HashMap::new();
+        for key in 0..200u32 {
+            let priority = Priority::ALL[(key % 4) as usize];
+            priority_of.insert(key, priority);
+            dispatcher.upsert(key, task(priority, "work", now, 1));
+        }
+        let mut shares = [0u32; 4];
+        for _ in 0..10_000 {
+            let key = dispatcher
+                .next(now)
+                .expect("saturated buckets always dispatch");
+            dispatcher.finished(&key, Outcome::Succeeded, now);
+            let priority = priority_of[&key];
+            shares[priority.index()] += 1;
+            dispatcher.upsert(key, task(priority, "work", now, 1));
+        }
+        for (priority, expected) in Priority::ALL.into_iter().zip([4000i64, 3000, 2000, 1000]) {
+            let got = i64::from(shares[priority.index()]);
+            assert!(
+                (got - expected).abs() * 50 <= expected,
+                "{priority:?}: {got} of 10000, expected {expected} ± 2%"
+            );
+        }
+    }
+
+    #[test]
+    fn round_robin_is_smooth() {
+        let mut current = [0; 4];
+        let weights = Weights::default();
+        let order: Vec<Priority> = (0..10)
+            .map(|_| {
+                smooth_weighted_round_robin(&mut current, &weights, [true; 4])
+                    .expect("eligible buckets")
+            })
+            .collect();
+        use Priority::*;
+        assert_eq!(
+            order,
+            [
+                Critical, High, Normal, Critical, High, Low, Critical, Normal, High, Critical
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_and_zero_weight_buckets_are_skipped() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            weights: Weights {
+                critical: 0,
+                ..Weights::default()
+            },
+            ..unlimited()
+        });
+        dispatcher.upsert(1, task(Priority::Critical, "a", t(0), 1));
+        dispatcher.upsert(2, task(Priority::Low, "a", t(1), 1));
+        assert_eq!(drain(&mut dispatcher, t(2)), vec![2]);
+        assert_eq!(dispatcher.held_reason(&1, t(2)), Some(HeldReason::Waiting));
+    }
+
+    #[test]
+    fn low_task_waits_at_most_max_wait_plus_one_dispatch_behind_critical() {
+        for low_weight in [0, 1] {
+            let config = QueueConfig {
+                concurrency: 10,
+                weights: Weights {
+                    critical: 1000,
+                    low: low_weight,
+                    ..Weights::default()
+                },
+                ..QueueConfig::default()
+            };
+            let mut dispatcher = Dispatcher::new(config);
+            let start = t(0);
+            for key in 0..10_000u32 {
+                dispatcher.upsert(key, task(Priority::Critical, "hot", start, 1));
+            }
+            let low_key = 1_000_000;
+            dispatcher.upsert(low_key, task(Priority::Low, "cold", start, 1));
+            let mut running = std::collections::VecDeque::new();
+            let mut now = start;
+            let dispatched_at = loop {
+                // One task finishes and one dispatch happens every second.
+                if running.len() == 10 {
+                    let done = running.pop_front().expect("a running task");
+                    dispatcher.finished(&done, Outcome::Succeeded, now);
+                }
+                let key = dispatcher
+                    .next(now)
+                    .expect("critical tasks are always pending");
+                if key == low_key {
+                    break now;
+                }
+                running.push_back(key);
+                now += SignedDuration::from_secs(1);
+                assert!(now < t(1000), "the low task was never dispatched");
+            };
+            let waited = dispatched_at.duration_since(start);
+            assert!(
+                waited <= SignedDuration::from_secs(121),
+                "weight {low_weight}: waited {waited:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn oldest_overdue_head_goes_first() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        dispatcher.upsert(1, task(Priority::Critical, "a", t(0), 1));
+        dispatcher.upsert(2, task(Priority::Low, "a", t(10), 1));
+        dispatcher.upsert(3, task(Priority::Normal, "a", t(20), 1));
+        // At 200 s both Low (190 s > 120 s) and Normal (180 s > 30 s) are overdue; Low is older.
+        assert_eq!(drain(&mut dispatcher, t(200)), vec![2, 3, 1]);
+    }
+
+    #[test]
+    fn fifo_within_a_bucket_by_queued_at_then_key() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        for (key, queued) in [(5, 3), (4, 1), (9, 2), (1, 2), (7, 0)] {
+            dispatcher.upsert(key, task(Priority::High, "a", t(queued), 1));
+        }
+        assert_eq!(drain(&mut dispatcher, t(5)), vec![7, 4, 1, 9, 5]);
+    }
+
+    #[test]
+    fn upsert_moves_a_task() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        dispatcher.upsert(1, task(Priority::Low, "a", t(0), 1));
+        dispatcher.upsert(2, task(Priority::Low, "a", t(1), 1));
+        dispatcher.upsert(1, task(Priority::Low, "a", t(2), 1));
+        assert_eq!(dispatcher.pending_len(), 2);
+        assert_eq!(drain(&mut dispatcher, t(3)), vec![2, 1]);
+    }
+
+    #[test]
+    fn removal_works_for_pending_and_running() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            concurrency: 1,
+            ..QueueConfig::default()
+        });
+        for key in 1..=3 {
+            dispatcher.upsert(key, task(Priority::Normal, "a", t(key.into()), 1));
+        }
+        assert!(dispatcher.remove(&1));
+        assert!(!dispatcher.remove(&1));
+        assert_eq!(dispatcher.held_reason(&1, t(5)), None);
+        assert_eq!(dispatcher.next(t(5)), Some(2));
+        assert_eq!(dispatcher.next(t(5)), None);
+        assert_eq!(
+            dispatcher.held_reason(&3, t(5)),
+            Some(HeldReason::ConcurrencyLimit)
+        );
+        assert!(dispatcher.remove(&2));
+        assert_eq!(dispatcher.next(t(5)), Some(3));
+        assert_eq!(dispatcher.stats(t(5)).pending.map(|(_, n)| n), [0; 4]);
+    }
+
+    #[test]
+    fn queue_concurrency_counts_scheduled_and_running() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            concurrency: 2,
+            ..QueueConfig::default()
+        });
+        dispatcher.mark_running(100, "a");
+        for key in 1..=3 {
+            dispatcher.upsert(key, task(Priority::Normal, "a", t(0), 1));
+        }
+        assert_eq!(dispatcher.next(t(1)), Some(1));
+        assert_eq!(dispatcher.next(t(1)), None);
+        assert!(dispatcher.finished(&100, Outcome::Succeeded, t(2)));
+        assert!(!dispatcher.finished(&100, Outcome::Succeeded, t(2)));
+        assert_eq!(dispatcher.next(t(2)), Some(2));
+        assert_eq!(dispatcher.stats(t(2)).running, 2);
+    }
+
+    #[test]
+    fn blocked_types_do_not_block_others() {
+        let mut config = unlimited();
+        config.type_concurrency.insert("slow".to_string(), 1);
+        let mut dispatcher = Dispatcher::new(config);
+        for key in 0..5 {
+            dispatcher.upsert(key, task(Priority::Normal, "slow", t(key.into()), 1));
+        }
+        dispatcher.upsert(10, task(Priority::Normal, "fast", t(10), 1));
+        dispatcher.upsert(11, task(Priority::Normal, "fast", t(11), 1));
+        assert_eq!(dispatcher.next(t(20)), Some(0));
+        assert_eq!(
+            dispatcher.held_reason(&1, t(20)),
+            Some(HeldReason::TypeConcurrencyLimit)
+        );
+        assert_eq!(
+            dispatcher.held_reason(&10, t(20)),
+            Some(HeldReason::Waiting)
+        );
+        assert_eq!(dispatcher.next(t(20)), Some(10));
+        assert_eq!(dispatcher.next(t(20)), Some(11));
+        assert_eq!(dispatcher.next(t(20)), None);
+        dispatcher.finished(&0, Outcome::Succeeded, t(21));
+        assert_eq!(dispatcher.next(t(21)), Some(1));
+    }
+
+    #[test]
+    fn retries_wait_for_tokens_without_blocking_first_attempts() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            retry_rate_per_minute: 60,
+            ..unlimited()
+        });
+        dispatcher.upsert(1, task(Priority::Normal, "a", t(0), 2));
+        dispatcher.upsert(2, task(Priority::Normal, "a", t(1), 3));
+        dispatcher.upsert(3, task(Priority::Normal, "a", t(2), 1));
+        assert_eq!(dispatcher.next(t(10)), Some(1));
+        assert_eq!(
+            dispatcher.held_reason(&2, t(10)),
+            Some(HeldReason::RetryRateLimited)
+        );
+        assert_eq!(dispatcher.next(t(10)), Some(3));
+        assert_eq!(dispatcher.next(t(10)), None);
+        assert_eq!(dispatcher.next(t(11)), Some(2));
+    }
+
+    #[test]
+    fn open_circuit_holds_its_type_and_lets_one_probe_through() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        let failing = "flaky";
+        for key in 0..10 {
+            dispatcher.upsert(key, task(Priority::High, failing, t(0), 1));
+        }
+        let started = drain_without_finishing(&mut dispatcher, t(0));
+        for key in &started {
+            dispatcher.finished(key, Outcome::Failed, t(1));
+        }
+        let stats = dispatcher.stats(t(1));
+        assert_eq!(
+            stats.open_circuits,
+            vec![(failing.to_string(), BreakerState::Open { until: t(31) })]
+        );
+        // Older tasks of the open type do not hold up a healthy type in the same bucket.
+        for key in 20..23 {
+            dispatcher.upsert(key, task(Priority::High, failing, t(2), 1));
+        }
+        dispatcher.upsert(30, task(Priority::High, "healthy", t(3), 1));
+        assert_eq!(
+            dispatcher.held_reason(&20, t(4)),
+            Some(HeldReason::CircuitOpen)
+        );
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(4)), vec![30]);
+        // Half-open after 30 s: exactly one probe.
+        assert_eq!(
+            drain_without_finishing(&mut dispatcher, t(30)),
+            Vec::<u32>::new()
+        );
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(31)), vec![20]);
+        assert_eq!(
+            drain_without_finishing(&mut dispatcher, t(100)),
+            Vec::<u32>::new()
+        );
+        assert_eq!(
+            dispatcher.held_reason(&21, t(100)),
+            Some(HeldReason::CircuitOpen)
+        );
+        // Probe fails: open again for 30 s.
+        dispatcher.finished(&20, Outcome::Failed, t(101));
+        assert_eq!(
+            drain_without_finishing(&mut dispatcher, t(130)),
+            Vec::<u32>::new()
+        );
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(131)), vec![21]);
+        // Probe succeeds: closed, the rest goes.
+        dispatcher.finished(&21, Outcome::Succeeded, t(132));
+        assert_eq!(dispatcher.stats(t(132)).open_circuits, vec![]);
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(132)), vec![22]);
+    }
+
+    #[test]
+    fn aborted_probe_lets_another_probe_through() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        for key in 0..10 {
+            dispatcher.upsert(key, task(Priority::High, "flaky", t(0), 1));
+        }
+        for key in drain_without_finishing(&mut dispatcher, t(0)) {
+            dispatcher.finished(&key, Outcome::Failed, t(0));
+        }
+        dispatcher.upsert(1, task(Priority::High, "flaky", t(1), 1));
+        dispatcher.upsert(2, task(Priority::High, "flaky", t(1), 1));
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(30)), vec![1]);
+        assert!(dispatcher.remove(&1));
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(30)), vec![2]);
+    }
+
+    fn drain_without_finishing(dispatcher: &mut Dispatcher<u32>, now: Timestamp) -> Vec<u32> {
+        std::iter::from_fn(|| dispatcher.next(now)).collect()
+    }
+
+    #[test]
+    fn weight_schedule_switches_weights_at_its_boundaries() {
+        let only_low = Weights {
+            critical: 0,
+            high: 0,
+            normal: 0,
+            low: 1,
+        };
+        let config = QueueConfig {
+            weights: Weights {
+                low: 0,
+                ..Weights::default()
+            },
+            weight_schedule: vec![
+                WeightWindow::parse("22:00", "06:00", "Europe/Berlin", only_low)
+                    .expect("valid window"),
+            ],
+            max_wait: MaxWait {
+                low: None,
+                ..MaxWait::default()
+            },
+            ..unlimited()
+        };
+        let mut dispatcher = Dispatcher::new(config);
+        let queued: Timestamp = "2026-03-28T12:00:00Z".parse().expect("valid timestamp");
+        dispatcher.upsert(1, task(Priority::Critical, "a", queued, 1));
+        dispatcher.upsert(2, task(Priority::Low, "a", queued, 1));
+        // 22:00 CET on the night the clocks go forward.
+        let evening: Timestamp = "2026-03-28T21:00:00Z".parse().expect("valid timestamp");
+        let before = evening - SignedDuration::from_secs(1);
+        assert_eq!(drain_without_finishing(&mut dispatcher, before), vec![1]);
+        dispatcher.upsert(3, task(Priority::Critical, "a", queued, 1));
+        assert_eq!(drain_without_finishing(&mut dispatcher, evening), vec![2]);
+        dispatcher.upsert(4, task(Priority::Low, "a", queued, 1));
+        // 06:00 CEST is 04:00Z.
+        let morning: Timestamp = "2026-03-29T04:00:00Z".parse().expect("valid timestamp");
+        let still_night = morning - SignedDuration::from_secs(1);
+        assert_eq!(
+            drain_without_finishing(&mut dispatcher, still_night),
+            vec![4]
+        );
+        dispatcher.upsert(5, task(Priority::Low, "a", queued, 1));
+        assert_eq!(drain_without_finishing(&mut dispatcher, morning), vec![3]);
+    }
+
+    #[test]
+    fn config_edits_apply_at_once() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            concurrency: 1,
+            ..QueueConfig::default()
+        });
+        for key in 0..3 {
+            dispatcher.upsert(key, task(Priority::Normal, "a", t(0), 1));
+        }
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(1)), vec![0]);
+        let mut wider = dispatcher.config().clone();
+        wider.concurrency = 5;
+        wider.type_concurrency.insert("a".to_string(), 2);
+        dispatcher.set_config(wider, t(2));
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(2)), vec![1]);
+        assert_eq!(
+            dispatcher.held_reason(&2, t(2)),
+            Some(HeldReason::TypeConcurrencyLimit)
+        );
+    }
+
+    #[test]
+    fn unused_types_are_forgotten_and_ids_reused() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        for round in 0..100u32 {
+            let name = format!("type-{round}");
+            dispatcher.upsert(round, task(Priority::Low, &name, t(0), 1));
+            assert_eq!(drain(&mut dispatcher, t(1)), vec![round]);
+        }
+        assert_eq!(dispatcher.types.len(), 1);
+        assert!(dispatcher.type_ids.is_empty());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Upsert {
+            key: u8,
+            priority: usize,
+            task_type: u8,
+            attempt: u32,
+            queued_back: i64,
+        },
+        Remove(u8),
+        Next,
+        Finish {
+            pick: usize,
+            outcome: Outcome,
+        },
+        MarkRunning {
+            key: u8,
+            task_type: u8,
+        },
+        Advance(i64),
+        Limits {
+            concurrency: u32,
+            type_limit: u32,
+            retry_rate: u32,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..40, 0usize..4, 0u8..4, 1u32..4, 0i64..200).prop_map(
+                |(key, priority, task_type, attempt, queued_back)| Op::Upsert {
+                    key,
+                    priority,
+                    task_type,
+                    attempt,
+                    queued_back,
+                }
+            ),
+            1 => (0u8..40).prop_map(Op::Remove),
+            5 => Just(Op::Next),
+            3 => (0usize..64, prop_oneof![
+                Just(Outcome::Succeeded),
+                Just(Outcome::Failed),
+                Just(Outcome::Aborted)
+            ])
+                .prop_map(|(pick, outcome)| Op::Finish { pick, outcome }),
+            1 => (0u8..40, 0u8..4).prop_map(|(key, task_type)| Op::MarkRunning { key, task_type }),
+            2 => (0i64..40).prop_map(Op::Advance),
+            1 => (0u32..8, 0u32..4, 0u32..240).prop_map(|(concurrency, type_limit, retry_rate)| {
+                Op::Limits {
+                    concurrency,
+                    type_limit,
+                    retry_rate,
+                }
+            }),
+        ]
+    }
+
+    fn type_name(task_type: u8) -> String {
+        format!("type-{task_type}")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Limits hold at every dispatch, the chosen task is the oldest dispatchable one of its bucket,
+        /// `held_reason` agrees with `next`, and counts match a plain model.
+        #[test]
+        fn dispatch_respects_limits_and_reasons(ops in proptest::collection::vec(op(), 1..300)) {
+            let mut config = QueueConfig {
+                concurrency: 4,
+                retry_rate_per_minute: 30,
+                circuit_breaker: BreakerConfig {
+                    window_size: 4,
+                    min_requests: 2,
+                    ..BreakerConfig::default()
+                },
+                ..QueueConfig::default()
+            };
+            config.type_concurrency.insert(type_name(0), 1);
+            config.type_concurrency.insert(type_name(1), 2);
+            let mut dispatcher: Dispatcher<u8> = Dispatcher::new(config.clone());
+            let mut now = t(1000);
+            let mut pending: HashMap<u8, PendingTask> = HashMap::new();
+            let mut running: BTreeMap<u8, String> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Upsert { key, priority, task_type, attempt, queued_back } => {
+                        let pending_task = task(
+                            Priority::ALL[priority],
+                            &type_name(task_type),
+                            now - SignedDuration::from_secs(queued_back),
+                            attempt,
+                        );
+                        running.remove(&key);
+                        pending.insert(key, pending_task.clone());
+                        dispatcher.upsert(key, pending_task);
+                    }
+                    Op::Remove(key) => {
+                        let known = pending.remove(&key).is_some() | running.remove(&key).is_some();
+                        prop_assert_eq!(dispatcher.remove(&key), known);
+                    }
+                    Op::MarkRunning { key, task_type } => {
+                        pending.remove(&key);
+                        running.insert(key, type_name(task_type));
+                        dispatcher.mark_running(key, &type_name(task_type));
+                    }
+                    Op::Finish { pick, outcome } => {
+                        if let Some(key) = running.keys().nth(pick % running.len().max(1)).copied() {
+                            running.remove(&key);
+                            prop_assert!(dispatcher.finished(&key, outcome, now));
+                        }
+                    }
+                    Op::Advance(secs) => now += SignedDuration::from_secs(secs),
+                    Op::Limits { concurrency, type_limit, retry_rate } => {
+                        config.concurrency = concurrency;
+                        config.type_concurrency.insert(type_name(2), type_limit);
+                        config.retry_rate_per_minute = retry_rate;
+                        dispatcher.set_config(config.clone(), now);
+                    }
+                    Op::Next => {
+                        let waiting: Vec<u8> = pending
+                            .keys()
+                            .copied()
+                            .filter(|key| dispatcher.held_reason(key, now) == Some(HeldReason::Waiting))
+                            .collect();
+                        match dispatcher.next(now) {
+                            Some(key) => {
+                                prop_assert!(waiting.contains(&key), "{key} was not dispatchable");
+                                let chosen = pending.remove(&key).expect("dispatched a pending task");
+                                let ahead = waiting.iter().filter(|other| **other != key).filter(|other| {
+                                    let other_task = &pending[other];
+                                    other_task.priority == chosen.priority
+                                        && (other_task.queued_at, **other) < (chosen.queued_at, key)
+                                });
+                                prop_assert_eq!(ahead.count(), 0, "FIFO within the bucket");
+                                running.insert(key, chosen.task_type.clone());
+                                prop_assert!(running.len() <= config.concurrency as usize);
+                                let of_type = running.values().filter(|name| **name == chosen.task_type).count();
+                                if let Some(limit) = config.type_concurrency.get(&chosen.task_type) {
+                                    prop_assert!(of_type <= *limit as usize, "type limit exceeded");
+                                }
+                            }
+                            None => prop_assert!(
+                                waiting.is_empty(),
+                                "nothing dispatched though {:?} were only waiting",
+                                waiting
+                            ),
+                        }
+                    }
+                }
+                prop_assert_eq!(dispatcher.running_len(), running.len());
+                prop_assert_eq!(dispatcher.pending_len(), pending.len());
+                let stats = dispatcher.stats(now);
+                for (priority, count) in stats.pending {
+                    prop_assert_eq!(count, pending.values().filter(|task| task.priority == priority).count());
+                }
+                for key in pending.keys() {
+                    prop_assert!(dispatcher.held_reason(key, now).is_some());
+                }
+                for key in running.keys() {
+                    prop_assert!(dispatcher.is_running(key));
+                }
+            }
+        }
+    }
+}
