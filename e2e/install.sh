@@ -101,7 +101,7 @@ k8s_build() {
   local goroot=$TOOLS/go1.15/usr/lib/go-1.15
   (
     cd "$src/tree"
-    export GOROOT=$goroot PATH=$goroot/bin:$PATH GOFLAGS= GO111MODULE=off GOCACHE=$CACHE/gocache
+    export GOROOT=$goroot PATH=$goroot/bin:$PATH GOFLAGS='' GO111MODULE=off GOCACHE=$CACHE/gocache
     make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet" \
       KUBE_BUILD_PLATFORMS=linux/amd64
   )
@@ -115,6 +115,10 @@ k8s_build() {
 
 main() {
   mkdir -p "$CACHE"
+  if [ -n "${AX_INSTALL_LOG:-}" ]; then exec >>"$AX_INSTALL_LOG" 2>&1; fi
+  # Two concurrent runs (say, two `cluster.sh up` in parallel) would build into the same place.
+  exec 8>"$CACHE/.install.lock"
+  flock -w 1800 8 || { log "timed out waiting for another install.sh"; exit 1; }
   apt_sources
   debian_packages
   kubectl_helm

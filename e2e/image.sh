@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# image.sh BINARY IMAGE:TAG — puts a static binary into a FROM-scratch image (entrypoint, user
+# 65532) and imports it into the e2e cluster's containerd. There is no registry: use the printed
+# reference with imagePullPolicy: Never. A Rust binary is static when built with
+#   RUSTFLAGS='-C target-feature=+crt-static' cargo build --target x86_64-unknown-linux-gnu
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+
+# shellcheck source=SCRIPTDIR/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+# shellcheck source=SCRIPTDIR/lib/images.sh
+. "$E2E_DIR/lib/images.sh"
+load_settings
+
+die() { printf 'image.sh: %s\n' "$*" >&2; exit 1; }
+
+[ $# -eq 2 ] || { sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+binary=$1
+reference=$(qualified_reference "$2")
+[[ ${reference##*/} == *:* ]] || die "give the image a tag, like $2:dev"
+if [ ! -f "$binary" ] || [ ! -x "$binary" ]; then die "$binary is not an executable file"; fi
+# FROM scratch has no dynamic loader and no libc: a dynamic binary would fail with "no such file".
+if readelf -l "$binary" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+  die "$binary is dynamically linked; build it static (RUSTFLAGS='-C target-feature=+crt-static' --target x86_64-unknown-linux-gnu)"
+fi
+timeout 5 ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1 \
+  || die "the cluster's containerd ($CONTAINERD_SOCK) is not running; run e2e/cluster.sh up"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+name=$(basename "$binary")
+mkdir -p "$work/ctx/rootfs/etc" "$work/ctx/rootfs/tmp"
+chmod 1777 "$work/ctx/rootfs/tmp"
+install -m 0755 "$binary" "$work/ctx/rootfs/$name"
+printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$work/ctx/rootfs/etc/passwd"
+printf 'root:x:0:\nnonroot:x:65532:\n' >"$work/ctx/rootfs/etc/group"
+cat >"$work/ctx/Containerfile" <<EOF
+FROM scratch
+COPY rootfs/ /
+USER 65532:65532
+ENTRYPOINT ["/$name"]
+EOF
+build_image_archive "$reference" "$work/ctx" "$work/image.tar" || die "podman could not build $reference"
+import_image_archive "$work/image.tar" || die "containerd could not import $reference"
+say "imported $reference (use it with imagePullPolicy: Never)"
