@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::backoff::retry_delay;
 use super::worker::{PodPhase, WorkerState, pod_name};
 use crate::api::{
-    AxTaskSpec, AxTaskStatus, Condition, ExitCodeOperator, Failure, FailureKind, HistoryEntry, RetryRule,
-    RuleAction, TaskPhase,
+    AxTaskSpec, AxTaskStatus, Condition, ExitCodeOperator, Failure, FailureKind, HistoryEntry,
+    RetryRule, RuleAction, TaskPhase,
 };
 
 /// The status keeps at most this many history entries; older ones are dropped and counted.
@@ -39,9 +39,15 @@ pub struct Clock<'a> {
 pub enum Action {
     /// Create the worker pod for `status.attempt` (idempotent: the name is deterministic).
     CreatePod,
-    DeletePod { name: String, grace_seconds: Option<i64> },
+    DeletePod {
+        name: String,
+        grace_seconds: Option<i64>,
+    },
     /// A Warning Event that is not a transition.
-    Warn { reason: String, message: String },
+    Warn {
+        reason: String,
+        message: String,
+    },
     SendCallback,
     DeleteTask,
 }
@@ -85,7 +91,14 @@ impl Decision {
         self.status.phase
     }
 
-    fn transition(&mut self, to: TaskPhase, reason: &str, message: String, actor: &str, now: Timestamp) {
+    fn transition(
+        &mut self,
+        to: TaskPhase,
+        reason: &str,
+        message: String,
+        actor: &str,
+        now: Timestamp,
+    ) {
         let entry = HistoryEntry {
             time: now,
             from: self.status.phase,
@@ -130,16 +143,25 @@ pub fn validate(spec: &AxTaskSpec) -> Result<(), String> {
     if let Some(payload) = &spec.payload {
         let len = payload_json(payload).len();
         if len > MAX_PAYLOAD_BYTES {
-            return Err(format!("spec.payload is {len} bytes, more than the limit of {MAX_PAYLOAD_BYTES}"));
+            return Err(format!(
+                "spec.payload is {len} bytes, more than the limit of {MAX_PAYLOAD_BYTES}"
+            ));
         }
     }
-    let containers = spec.template.spec.as_ref().map_or(0, |s| s.containers.len());
+    let containers = spec
+        .template
+        .spec
+        .as_ref()
+        .map_or(0, |s| s.containers.len());
     if containers == 0 {
         return Err("spec.template.spec.containers must name at least one container".into());
     }
     let b = &spec.retry.backoff;
     if !b.factor.is_finite() || b.factor < 1.0 {
-        return Err(format!("spec.retry.backoff.factor ({}) must be at least 1", b.factor));
+        return Err(format!(
+            "spec.retry.backoff.factor ({}) must be at least 1",
+            b.factor
+        ));
     }
     validate_rules(&spec.retry.rules)
 }
@@ -150,11 +172,16 @@ fn validate_rules(rules: &[RetryRule]) -> Result<(), String> {
     for (i, rule) in rules.iter().enumerate() {
         let m = &rule.on_exit_codes;
         if m.operator == ExitCodeOperator::In && m.values.contains(&0) {
-            return Err(format!("spec.retry.rules[{i}] lists exit code 0, which is success, not a failure"));
+            return Err(format!(
+                "spec.retry.rules[{i}] lists exit code 0, which is success, not a failure"
+            ));
         }
         for (j, earlier) in rules[..i].iter().enumerate() {
             let e = &earlier.on_exit_codes;
-            if e.operator != ExitCodeOperator::In || m.operator != ExitCodeOperator::In || earlier.action == rule.action {
+            if e.operator != ExitCodeOperator::In
+                || m.operator != ExitCodeOperator::In
+                || earlier.action == rule.action
+            {
                 continue;
             }
             if let Some(code) = m.values.iter().find(|v| e.values.contains(v)) {
@@ -222,22 +249,46 @@ fn admit(spec: &AxTaskSpec, spec_error: Option<&str>, d: &mut Decision, clock: &
     let now = clock.now;
     if let Some(err) = spec_error {
         d.status.dead_reason = Some(format!("invalid spec: {err}"));
-        d.transition(TaskPhase::Dead, "InvalidSpec", err.to_string(), clock.operator, now);
+        d.transition(
+            TaskPhase::Dead,
+            "InvalidSpec",
+            err.to_string(),
+            clock.operator,
+            now,
+        );
         return;
     }
     if spec.cancel {
-        d.transition(TaskPhase::Canceled, "Canceled", "canceled before it was queued".into(), ACTOR_USER, now);
+        d.transition(
+            TaskPhase::Canceled,
+            "Canceled",
+            "canceled before it was queued".into(),
+            ACTOR_USER,
+            now,
+        );
         return;
     }
     match spec.start_after.as_ref().map(|t| t.0).filter(|t| *t > now) {
         Some(start) => {
             d.status.queued_at = Some(start);
             d.status.next_attempt_at = Some(start);
-            d.transition(TaskPhase::Pending, "Delayed", format!("queued at startAfter {start}"), clock.operator, now);
+            d.transition(
+                TaskPhase::Pending,
+                "Delayed",
+                format!("queued at startAfter {start}"),
+                clock.operator,
+                now,
+            );
         }
         None => {
             d.status.queued_at = Some(now);
-            d.transition(TaskPhase::Pending, "Queued", "queued for dispatch".into(), clock.operator, now);
+            d.transition(
+                TaskPhase::Pending,
+                "Queued",
+                "queued for dispatch".into(),
+                clock.operator,
+                now,
+            );
         }
     }
 }
@@ -245,21 +296,42 @@ fn admit(spec: &AxTaskSpec, spec_error: Option<&str>, d: &mut Decision, clock: &
 fn pending(spec: &AxTaskSpec, spec_error: Option<&str>, d: &mut Decision, clock: &Clock) {
     let now = clock.now;
     if spec.cancel {
-        d.transition(TaskPhase::Canceled, "Canceled", "canceled while pending".into(), ACTOR_USER, now);
+        d.transition(
+            TaskPhase::Canceled,
+            "Canceled",
+            "canceled while pending".into(),
+            ACTOR_USER,
+            now,
+        );
         return;
     }
     if let Some(err) = spec_error {
         d.status.dead_reason = Some(format!("invalid spec: {err}"));
-        d.transition(TaskPhase::Dead, "InvalidSpec", err.to_string(), clock.operator, now);
+        d.transition(
+            TaskPhase::Dead,
+            "InvalidSpec",
+            err.to_string(),
+            clock.operator,
+            now,
+        );
         return;
     }
     if d.status.attempt > 0
         && let Some(deadline) = d.status.budget_deadline
         && now >= deadline
     {
-        let reason = format!("retry budget of {}s ended at {deadline}", spec.retry.budget_seconds.unwrap_or(0));
+        let reason = format!(
+            "retry budget of {}s ended at {deadline}",
+            spec.retry.budget_seconds.unwrap_or(0)
+        );
         d.status.dead_reason = Some(reason.clone());
-        d.transition(TaskPhase::Dead, "BudgetExceeded", reason, clock.operator, now);
+        d.transition(
+            TaskPhase::Dead,
+            "BudgetExceeded",
+            reason,
+            clock.operator,
+            now,
+        );
         return;
     }
     match d.status.next_attempt_at.filter(|t| *t > now) {
@@ -274,9 +346,25 @@ fn pending(spec: &AxTaskSpec, spec_error: Option<&str>, d: &mut Decision, clock:
 /// Pending → Scheduled: the dispatcher picked the task. The attempt number and worker name are
 /// recorded here, before the pod exists, so a crash in between is repaired without a second pod.
 /// `None` when the task is not dispatchable (anymore).
-pub fn dispatch(task_name: &str, spec: &AxTaskSpec, status: &AxTaskStatus, clock: &Clock) -> Option<Decision> {
+pub fn dispatch(
+    task_name: &str,
+    spec: &AxTaskSpec,
+    status: &AxTaskStatus,
+    clock: &Clock,
+) -> Option<Decision> {
     let now = clock.now;
-    if status.phase != Some(TaskPhase::Pending) || spec.cancel || status.next_attempt_at.is_some_and(|t| t > now) {
+    if status.phase != Some(TaskPhase::Pending)
+        || spec.cancel
+        || status.next_attempt_at.is_some_and(|t| t > now)
+    {
+        return None;
+    }
+    // No new attempt after the budget: reconcile turns such a task Dead.
+    if status.attempt > 0
+        && status
+            .budget_deadline
+            .is_some_and(|deadline| now >= deadline)
+    {
         return None;
     }
     let mut d = Decision::new(status);
@@ -293,7 +381,13 @@ pub fn dispatch(task_name: &str, spec: &AxTaskSpec, status: &AxTaskStatus, clock
     d.status.scheduled_at = Some(now);
     d.status.started_at = None;
     d.status.next_attempt_at = None;
-    d.transition(TaskPhase::Scheduled, "Dispatched", format!("attempt {attempt} runs as pod {worker}"), clock.operator, now);
+    d.transition(
+        TaskPhase::Scheduled,
+        "Dispatched",
+        format!("attempt {attempt} runs as pod {worker}"),
+        clock.operator,
+        now,
+    );
     d.actions.push(Action::CreatePod);
     d.queue = QueueState::Running;
     hard_deadline_requeue(spec, &mut d, now);
@@ -302,8 +396,30 @@ pub fn dispatch(task_name: &str, spec: &AxTaskSpec, status: &AxTaskStatus, clock
 }
 
 /// The worker pod could not be created (the API server rejected it): the attempt fails.
-pub fn pod_rejected(spec: &AxTaskSpec, status: &AxTaskStatus, message: &str, clock: &Clock) -> Decision {
+/// A task that is no longer Scheduled (canceled meanwhile, say) is left as it is.
+pub fn pod_rejected(
+    spec: &AxTaskSpec,
+    status: &AxTaskStatus,
+    message: &str,
+    clock: &Clock,
+) -> Decision {
     let mut d = Decision::new(status);
+    match status.phase {
+        Some(TaskPhase::Scheduled) => {}
+        Some(TaskPhase::Running) => {
+            d.queue = QueueState::Running;
+            return d;
+        }
+        Some(TaskPhase::Pending) | None => {
+            d.queue = if status.next_attempt_at.is_some_and(|t| t > clock.now) {
+                QueueState::Waiting
+            } else {
+                QueueState::Ready
+            };
+            return d;
+        }
+        Some(_) => return d,
+    }
     let failure = Failure {
         attempt: status.attempt,
         kind: FailureKind::NonRetryable,
@@ -321,20 +437,49 @@ pub fn pod_rejected(spec: &AxTaskSpec, status: &AxTaskStatus, message: &str, clo
 
 fn in_flight(spec: &AxTaskSpec, worker: Option<&WorkerState>, d: &mut Decision, clock: &Clock) {
     let now = clock.now;
-    let name = d.status.worker.clone().unwrap_or_default();
     if spec.cancel {
-        d.actions.push(Action::DeletePod { name, grace_seconds: None });
-        d.transition(TaskPhase::Canceled, "Canceled", "canceled; worker killed".into(), ACTOR_USER, now);
+        if let Some(name) = d.status.worker.clone() {
+            d.actions.push(Action::DeletePod {
+                name,
+                grace_seconds: None,
+            });
+        }
+        d.transition(
+            TaskPhase::Canceled,
+            "Canceled",
+            "canceled; worker killed".into(),
+            ACTOR_USER,
+            now,
+        );
         return;
     }
+    let name = d.status.worker.clone().unwrap_or_default();
+    let started = d.status.scheduled_at.unwrap_or(now);
+    let hard_at = add_seconds(started, spec.timeout.hard_seconds);
     let Some(w) = worker else {
-        if d.phase() == Some(TaskPhase::Scheduled) {
+        if d.phase() == Some(TaskPhase::Scheduled) && now < hard_at {
             // Recorded but not (yet) created, e.g. the operator stopped in between: create it now.
             d.actions.push(Action::CreatePod);
             d.queue = QueueState::Running;
             hard_deadline_requeue(spec, d, now);
+        } else if d.phase() == Some(TaskPhase::Scheduled) {
+            // The pod never showed up: the hard timeout holds anyway, or the task would re-create it
+            // forever. Delete it in case the cache is only behind.
+            if let Some(name) = d.status.worker.clone() {
+                d.actions.push(Action::DeletePod {
+                    name,
+                    grace_seconds: Some(HARD_TIMEOUT_GRACE_SECONDS),
+                });
+            }
+            let message = format!(
+                "worker pod {name} never appeared within hardSeconds={}",
+                spec.timeout.hard_seconds
+            );
+            let failure = timeout(d, "HardTimeout", message);
+            fail(spec, TaskPhase::TimedOut, failure, d, clock);
         } else {
-            let failure = infrastructure(d, "WorkerDeleted", format!("worker pod {name} disappeared"));
+            let failure =
+                infrastructure(d, "WorkerDeleted", format!("worker pod {name} disappeared"));
             fail(spec, TaskPhase::Failed, failure, d, clock);
         }
         return;
@@ -344,20 +489,33 @@ fn in_flight(spec: &AxTaskSpec, worker: Option<&WorkerState>, d: &mut Decision, 
             d.status.node = Some(node.clone());
         }
         let message = format!("worker {name} exited 0");
-        d.transition(TaskPhase::Succeeded, "Completed", message, ACTOR_WORKER, now);
+        d.transition(
+            TaskPhase::Succeeded,
+            "Completed",
+            message,
+            ACTOR_WORKER,
+            now,
+        );
         return;
     }
     if w.phase == PodPhase::Failed || w.stuck_reason.is_some() {
         if w.phase != PodPhase::Failed {
             // A pod stuck on its image never ends by itself.
-            d.actions.push(Action::DeletePod { name, grace_seconds: Some(0) });
+            d.actions.push(Action::DeletePod {
+                name,
+                grace_seconds: Some(0),
+            });
         }
         let failure = classify(&spec.retry.rules, w, d.status.attempt);
         fail(spec, TaskPhase::Failed, failure, d, clock);
         return;
     }
     if w.deleting {
-        let failure = infrastructure(d, "WorkerDeleted", format!("worker pod {name} is being deleted by someone else"));
+        let failure = infrastructure(
+            d,
+            "WorkerDeleted",
+            format!("worker pod {name} is being deleted by someone else"),
+        );
         fail(spec, TaskPhase::Failed, failure, d, clock);
         return;
     }
@@ -365,13 +523,24 @@ fn in_flight(spec: &AxTaskSpec, worker: Option<&WorkerState>, d: &mut Decision, 
         d.status.started_at = Some(now);
         d.status.node = w.node.clone();
         let node = w.node.as_deref().unwrap_or("?");
-        d.transition(TaskPhase::Running, "WorkerRunning", format!("worker {name} running on {node}"), ACTOR_WORKER, now);
+        d.transition(
+            TaskPhase::Running,
+            "WorkerRunning",
+            format!("worker {name} running on {node}"),
+            ACTOR_WORKER,
+            now,
+        );
     }
-    let started = d.status.scheduled_at.unwrap_or(now);
-    let hard_at = add_seconds(started, spec.timeout.hard_seconds);
     if now >= hard_at {
-        d.actions.push(Action::DeletePod { name, grace_seconds: Some(HARD_TIMEOUT_GRACE_SECONDS) });
-        let failure = timeout(d, "HardTimeout", format!("no result after hardSeconds={}", spec.timeout.hard_seconds));
+        d.actions.push(Action::DeletePod {
+            name,
+            grace_seconds: Some(HARD_TIMEOUT_GRACE_SECONDS),
+        });
+        let failure = timeout(
+            d,
+            "HardTimeout",
+            format!("no result after hardSeconds={}", spec.timeout.hard_seconds),
+        );
         fail(spec, TaskPhase::TimedOut, failure, d, clock);
         return;
     }
@@ -380,9 +549,13 @@ fn in_flight(spec: &AxTaskSpec, worker: Option<&WorkerState>, d: &mut Decision, 
     {
         let soft_at = add_seconds(started, soft);
         if now >= soft_at {
-            let alive = w.phase == PodPhase::Running && w.restarts == 0 && w.node_ready != Some(false);
+            let alive =
+                w.phase == PodPhase::Running && w.restarts == 0 && w.node_ready != Some(false);
             if !alive {
-                d.actions.push(Action::DeletePod { name, grace_seconds: Some(HARD_TIMEOUT_GRACE_SECONDS) });
+                d.actions.push(Action::DeletePod {
+                    name,
+                    grace_seconds: Some(HARD_TIMEOUT_GRACE_SECONDS),
+                });
                 let why = format!(
                     "worker not alive at softSeconds={soft} (pod {:?}, restarts {}, node ready {:?})",
                     w.phase, w.restarts, w.node_ready
@@ -394,7 +567,10 @@ fn in_flight(spec: &AxTaskSpec, worker: Option<&WorkerState>, d: &mut Decision, 
             d.status.soft_timeout_attempt = Some(d.status.attempt);
             d.actions.push(Action::Warn {
                 reason: "SoftTimeout".into(),
-                message: format!("attempt {} still running after softSeconds={soft}; worker is alive", d.status.attempt),
+                message: format!(
+                    "attempt {} still running after softSeconds={soft}; worker is alive",
+                    d.status.attempt
+                ),
             });
         } else {
             d.requeue_at(soft_at, now);
@@ -413,35 +589,72 @@ fn hard_deadline_requeue(spec: &AxTaskSpec, d: &mut Decision, now: Timestamp) {
 }
 
 fn add_seconds(t: Timestamp, seconds: i64) -> Timestamp {
-    t.checked_add(SignedDuration::from_secs(seconds)).unwrap_or(Timestamp::MAX)
+    t.checked_add(SignedDuration::from_secs(seconds))
+        .unwrap_or(Timestamp::MAX)
 }
 
 fn infrastructure(d: &Decision, reason: &str, message: String) -> Failure {
-    Failure { attempt: d.status.attempt, kind: FailureKind::Infrastructure, exit_code: None, reason: reason.into(), message }
+    Failure {
+        attempt: d.status.attempt,
+        kind: FailureKind::Infrastructure,
+        exit_code: None,
+        reason: reason.into(),
+        message,
+    }
 }
 
 fn timeout(d: &Decision, reason: &str, message: String) -> Failure {
-    Failure { attempt: d.status.attempt, kind: FailureKind::Timeout, exit_code: None, reason: reason.into(), message }
+    Failure {
+        attempt: d.status.attempt,
+        kind: FailureKind::Timeout,
+        exit_code: None,
+        reason: reason.into(),
+        message,
+    }
 }
 
 /// Failure classification, in DESIGN §3's order: retry rules, a JSON termination message,
 /// disruption, a container that can never start, any other non-zero exit.
 pub fn classify(rules: &[RetryRule], w: &WorkerState, attempt: i32) -> Failure {
     let exit_code = w.exit.as_ref().map(|e| e.exit_code).filter(|c| *c != 0);
-    let failure = |kind, reason: &str, message: String| Failure { attempt, kind, exit_code, reason: reason.into(), message };
+    let failure = |kind, reason: &str, message: String| Failure {
+        attempt,
+        kind,
+        exit_code,
+        reason: reason.into(),
+        message,
+    };
     if let Some(code) = exit_code
-        && let Some((i, rule)) = rules.iter().enumerate().find(|(_, r)| rule_matches(r, code))
+        && let Some((i, rule)) = rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| rule_matches(r, code))
     {
         let kind = match rule.action {
             RuleAction::Retry => FailureKind::Retryable,
             RuleAction::Dead => FailureKind::NonRetryable,
             RuleAction::Ignore => FailureKind::Infrastructure,
         };
-        return failure(kind, "ExitCodeRule", format!("exit code {code} matched spec.retry.rules[{i}] ({:?})", rule.action));
+        return failure(
+            kind,
+            "ExitCodeRule",
+            format!(
+                "exit code {code} matched spec.retry.rules[{i}] ({:?})",
+                rule.action
+            ),
+        );
     }
-    let message = w.exit.as_ref().map(|e| e.message.trim()).unwrap_or_default();
+    let message = w
+        .exit
+        .as_ref()
+        .map(|e| e.message.trim())
+        .unwrap_or_default();
     if let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(message) {
-        let why = m.get("reason").and_then(|r| r.as_str()).unwrap_or_default().to_string();
+        let why = m
+            .get("reason")
+            .and_then(|r| r.as_str())
+            .unwrap_or_default()
+            .to_string();
         match m.get("error").and_then(|e| e.as_str()) {
             Some("biz") => return failure(FailureKind::NonRetryable, "BusinessError", why),
             Some("sys") => return failure(FailureKind::Retryable, "SystemError", why),
@@ -456,10 +669,22 @@ pub fn classify(rules: &[RetryRule], w: &WorkerState, attempt: i32) -> Failure {
     }
     match &w.exit {
         Some(e) if e.exit_code != 0 => {
-            let detail = if e.message.is_empty() { e.reason.clone() } else { format!("{}: {}", e.reason, e.message) };
-            failure(FailureKind::Retryable, "ExitCode", format!("exit code {} ({detail})", e.exit_code))
+            let detail = if e.message.is_empty() {
+                e.reason.clone()
+            } else {
+                format!("{}: {}", e.reason, e.message)
+            };
+            failure(
+                FailureKind::Retryable,
+                "ExitCode",
+                format!("exit code {} ({detail})", e.exit_code),
+            )
         }
-        _ => failure(FailureKind::Retryable, "PodFailed", "worker pod failed without an exit code".into()),
+        _ => failure(
+            FailureKind::Retryable,
+            "PodFailed",
+            "worker pod failed without an exit code".into(),
+        ),
     }
 }
 
@@ -474,27 +699,54 @@ fn rule_matches(rule: &RetryRule, code: i32) -> bool {
 /// Scheduled/Running → Failed|TimedOut, then at once → Pending (retry after backoff) or Dead.
 fn fail(spec: &AxTaskSpec, to: TaskPhase, failure: Failure, d: &mut Decision, clock: &Clock) {
     let message = match failure.exit_code {
-        Some(code) => format!("{} (exit code {code}): {}", failure.kind.as_str(), failure.message),
+        Some(code) => format!(
+            "{} (exit code {code}): {}",
+            failure.kind.as_str(),
+            failure.message
+        ),
         None => format!("{}: {}", failure.kind.as_str(), failure.message),
     };
-    d.transition(to, &failure.reason.clone(), message, clock.operator, clock.now);
+    d.transition(
+        to,
+        &failure.reason.clone(),
+        message,
+        clock.operator,
+        clock.now,
+    );
     after_failure(spec, failure, d, clock);
 }
 
 fn after_failure(spec: &AxTaskSpec, failure: Failure, d: &mut Decision, clock: &Clock) {
     let now = clock.now;
-    let summary = format!("attempt {} failed: {} ({})", failure.attempt, failure.reason, failure.kind.as_str());
+    let summary = format!(
+        "attempt {} failed: {} ({})",
+        failure.attempt,
+        failure.reason,
+        failure.kind.as_str()
+    );
     d.status.last_failure = Some(failure.clone());
     if failure.kind == FailureKind::NonRetryable {
         d.status.dead_reason = Some(format!("{summary}, not retryable: {}", failure.message));
-        d.transition(TaskPhase::Dead, "NonRetryable", summary, clock.operator, now);
+        d.transition(
+            TaskPhase::Dead,
+            "NonRetryable",
+            summary,
+            clock.operator,
+            now,
+        );
         return;
     }
     let counts = failure.kind != FailureKind::Infrastructure;
     let max = spec.retry.max_retries.max(0);
     if counts && d.status.retries >= max {
         d.status.dead_reason = Some(format!("{summary}; all {max} retries used"));
-        d.transition(TaskPhase::Dead, "RetriesExhausted", format!("{summary}; all {max} retries used"), clock.operator, now);
+        d.transition(
+            TaskPhase::Dead,
+            "RetriesExhausted",
+            format!("{summary}; all {max} retries used"),
+            clock.operator,
+            now,
+        );
         return;
     }
     let n = d.status.attempt.max(1) as u32;
@@ -503,9 +755,17 @@ fn after_failure(spec: &AxTaskSpec, failure: Failure, d: &mut Decision, clock: &
     if let Some(deadline) = d.status.budget_deadline
         && next > deadline
     {
-        let reason = format!("{summary}; the next attempt at {next} would start after the retry budget ends at {deadline}");
+        let reason = format!(
+            "{summary}; the next attempt at {next} would start after the retry budget ends at {deadline}"
+        );
         d.status.dead_reason = Some(reason.clone());
-        d.transition(TaskPhase::Dead, "BudgetExceeded", reason, clock.operator, now);
+        d.transition(
+            TaskPhase::Dead,
+            "BudgetExceeded",
+            reason,
+            clock.operator,
+            now,
+        );
         return;
     }
     if counts {
@@ -513,17 +773,41 @@ fn after_failure(spec: &AxTaskSpec, failure: Failure, d: &mut Decision, clock: &
     }
     d.status.next_attempt_at = Some(next);
     d.status.queued_at = Some(next);
-    let counted = if counts { format!("retry {} of {max}", d.status.retries) } else { "not counted".into() };
-    let message = format!("{summary}; {counted}, next attempt in {:.3}s", delay.as_secs_f64());
-    d.transition(TaskPhase::Pending, "RetryScheduled", message, clock.operator, now);
-    d.queue = QueueState::Waiting;
+    let counted = if counts {
+        format!("retry {} of {max}", d.status.retries)
+    } else {
+        "not counted".into()
+    };
+    let message = format!(
+        "{summary}; {counted}, next attempt in {:.3}s",
+        delay.as_secs_f64()
+    );
+    d.transition(
+        TaskPhase::Pending,
+        "RetryScheduled",
+        message,
+        clock.operator,
+        now,
+    );
+    // A zero backoff (base 0, no jitter) makes the task eligible at once.
+    d.queue = if next > now {
+        QueueState::Waiting
+    } else {
+        QueueState::Ready
+    };
     d.requeue_at(next, now);
 }
 
 /// A terminal task: deliver the callback once, delete it when its TTL runs out.
 fn finished(spec: &AxTaskSpec, d: &mut Decision, now: Timestamp) {
     d.queue = QueueState::Done;
-    if spec.callback.is_some() && !d.status.conditions.iter().any(|c| c.type_ == "CallbackDelivered") {
+    if spec.callback.is_some()
+        && !d
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "CallbackDelivered")
+    {
         d.actions.push(Action::SendCallback);
     }
     if let (Some(ttl), Some(finished)) = (spec.ttl_seconds_after_finished, d.status.finished_at) {
@@ -537,10 +821,27 @@ fn finished(spec: &AxTaskSpec, d: &mut Decision, now: Timestamp) {
 }
 
 /// Records the callback's outcome as the `CallbackDelivered` condition; never changes the phase.
-pub fn callback_outcome(status: &AxTaskStatus, delivered: bool, message: &str, now: Timestamp) -> AxTaskStatus {
+pub fn callback_outcome(
+    status: &AxTaskStatus,
+    delivered: bool,
+    message: &str,
+    now: Timestamp,
+) -> AxTaskStatus {
     let mut s = status.clone();
-    let (value, reason) = if delivered { ("True", "Delivered") } else { ("False", "DeliveryFailed") };
-    set_condition(&mut s, "CallbackDelivered", value, reason, message, now, status.observed_generation);
+    let (value, reason) = if delivered {
+        ("True", "Delivered")
+    } else {
+        ("False", "DeliveryFailed")
+    };
+    set_condition(
+        &mut s,
+        "CallbackDelivered",
+        value,
+        reason,
+        message,
+        now,
+        status.observed_generation,
+    );
     s
 }
 
@@ -551,16 +852,36 @@ fn set_conditions(status: &mut AxTaskStatus, now: Timestamp, generation: Option<
         p => ("False", p.as_str()),
     };
     let ready_message = status.reason.clone().unwrap_or_default();
-    set_condition(status, "Ready", ready, ready_reason, &ready_message, now, generation);
+    set_condition(
+        status,
+        "Ready",
+        ready,
+        ready_reason,
+        &ready_message,
+        now,
+        generation,
+    );
     let (queued, queued_reason, queued_message) = match phase {
         TaskPhase::Pending if status.next_attempt_at.is_some_and(|t| t > now) => {
-            let why = if status.attempt == 0 { "Delayed" } else { "Backoff" };
+            let why = if status.attempt == 0 {
+                "Delayed"
+            } else {
+                "Backoff"
+            };
             ("False", why, "waiting for nextAttemptAt".to_string())
         }
         TaskPhase::Pending => ("True", "Waiting", "waiting for dispatch".to_string()),
         p => ("False", p.as_str(), String::new()),
     };
-    set_condition(status, "Queued", queued, queued_reason, &queued_message, now, generation);
+    set_condition(
+        status,
+        "Queued",
+        queued,
+        queued_reason,
+        &queued_message,
+        now,
+        generation,
+    );
 }
 
 /// Sets a condition; `lastTransitionTime` moves only when its status value changes.
