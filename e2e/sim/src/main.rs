@@ -51,8 +51,6 @@ enum SimError {
     InferConfig(#[from] kube::config::InferConfigError),
     #[error("building the API client: {0}")]
     Client(#[source] kube::Error),
-    #[error("registering sim nodes: {0}")]
-    Nodes(#[from] nodes::NodeError),
     #[error("installing the signal handler: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -103,39 +101,50 @@ async fn report_progress(counters: Arc<Counters>) {
     }
 }
 
+/// Registers the nodes, waiting out an API server that is not up yet (or briefly down).
+async fn register_until_done(sim_nodes: &SimNodes) {
+    const RETRY_AFTER: Duration = Duration::from_secs(5);
+    while let Err(error) = sim_nodes.register_all().await {
+        tracing::warn!(%error, "registering sim nodes failed; retrying in {RETRY_AFTER:?}");
+        tokio::time::sleep(RETRY_AFTER).await;
+    }
+}
+
 async fn run(args: Args) -> Result<(), SimError> {
-    let client = client(args.kubeconfig.as_ref()).await?;
-    // Report the server's own version as the "kubelet" version, so version checks see no skew.
-    let kubelet_version = match client.apiserver_version().await {
-        Ok(info) => info.git_version,
-        Err(error) => {
-            tracing::warn!(%error, "cannot read the API server version");
-            "v0.0.0-ax-sim".to_owned()
-        }
-    };
-    let writer = ApiWriter::new(args.api_concurrency);
-    let sim_nodes = SimNodes::new(
-        client.clone(),
-        writer.clone(),
-        nodes::node_names(&args.prefix, args.nodes),
-        kubelet_version,
-    );
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(SimError::Signal)?;
-
-    sim_nodes.register_all().await?;
-    tracing::info!(
-        nodes = args.nodes,
-        prefix = args.prefix,
-        "sim nodes ready; driving their pods"
-    );
-    let counters = Arc::new(Counters::default());
-    let driver = PodDriver::new(client, writer, sim_nodes.names(), counters.clone());
-
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let simulate = async {
+        let writer = ApiWriter::new(args.api_concurrency);
+        // Report the server's own version as the "kubelet" version, so version checks see no skew.
+        let kubelet_version = match writer
+            .write("server version", || client.apiserver_version())
+            .await
+        {
+            Ok(info) => info.git_version,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the API server version");
+                "v0.0.0-ax-sim".to_owned()
+            }
+        };
+        let names = nodes::node_names(&args.prefix, args.nodes);
+        let sim_nodes = SimNodes::new(client.clone(), writer.clone(), names, kubelet_version);
+        register_until_done(&sim_nodes).await;
+        tracing::info!(
+            nodes = args.nodes,
+            prefix = args.prefix,
+            "sim nodes ready; driving their pods"
+        );
+        let counters = Arc::new(Counters::default());
+        let driver = PodDriver::new(client.clone(), writer, sim_nodes.names(), counters.clone());
+        tokio::join!(
+            sim_nodes.keep_alive(),
+            driver.run(),
+            report_progress(counters)
+        );
+    };
     tokio::select! {
-        () = sim_nodes.keep_alive() => {}
-        () = driver.run() => {}
-        () = report_progress(counters) => {}
+        () = simulate => tracing::error!("ax-sim stopped driving pods"),
         _ = terminate.recv() => tracing::info!("SIGTERM: exiting"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: exiting"),
     }

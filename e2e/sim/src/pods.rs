@@ -53,6 +53,14 @@ struct Tracked {
     deleting: bool,
 }
 
+impl Tracked {
+    fn stop(&self) {
+        if !self.deleting {
+            self.task.abort();
+        }
+    }
+}
+
 pub struct PodDriver {
     shared: Arc<Shared>,
     nodes: HashSet<String>,
@@ -104,9 +112,11 @@ impl PodDriver {
         tracing::error!("pod watch stream ended");
     }
 
+    /// Stops driving a pod. A deletion task is left to finish: the Deleted event often arrives before
+    /// the response to its own delete call, and aborting it then would only lose the count.
     fn forget(&mut self, uid: Option<&str>) {
         if let Some(tracked) = uid.and_then(|uid| self.tracked.remove(uid)) {
-            tracked.task.abort();
+            tracked.stop();
         }
     }
 
@@ -115,7 +125,7 @@ impl PodDriver {
         self.tracked.retain(|uid, tracked| {
             let keep = relisted.contains(uid);
             if !keep {
-                tracked.task.abort();
+                tracked.stop();
             }
             keep
         });
