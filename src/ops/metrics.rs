@@ -1,0 +1,630 @@
+//! The operator's Prometheus metrics (DESIGN §6), encoded in the OpenMetrics text format for `/metrics`.
+//!
+//! Label values are short categories (phase names, failure kinds, reason codes), never free text:
+//! every distinct value is a new time series.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// `Content-Type` of [`Metrics::encode`]'s output.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// 1 ms … 10 s: dispatch latency and reconcile duration.
+const FAST_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// 10 ms … 1 h: how long a task waited in its queue bucket.
+const WAIT_BUCKETS: [f64; 12] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+/// 100 ms … 1 day: how long a task ran.
+const TASK_DURATION_BUCKETS: [f64; 13] = [
+    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskCountLabels {
+    pub queue: String,
+    pub r#type: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub r#type: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabels {
+    pub r#type: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeadLabels {
+    pub r#type: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueuePriorityLabels {
+    pub queue: String,
+    pub priority: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CircuitLabels {
+    pub queue: String,
+    pub r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: String,
+}
+
+/// A gauge family whose whole content is recomputed from a snapshot: series missing from the
+/// latest snapshot are removed, so a phase that emptied disappears instead of keeping its old count.
+#[derive(Debug)]
+struct SnapshotGauges<L: Clone + Hash + Eq> {
+    family: Family<L, Gauge>,
+    present: Mutex<HashSet<L>>,
+}
+
+impl<L> SnapshotGauges<L>
+where
+    L: Clone + Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+{
+    fn new() -> Self {
+        SnapshotGauges {
+            family: Family::default(),
+            present: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Repeated label sets are summed.
+    fn replace(&self, snapshot: impl IntoIterator<Item = (L, usize)>) {
+        let mut totals: HashMap<L, i64> = HashMap::new();
+        for (labels, count) in snapshot {
+            let total = totals.entry(labels).or_default();
+            *total = total.saturating_add(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        // One writer at a time; a concurrent scrape sees old or new values, never an empty family.
+        let mut present = self.present.lock().unwrap_or_else(PoisonError::into_inner);
+        for (labels, total) in &totals {
+            self.family.get_or_create(labels).set(*total);
+        }
+        for stale in present
+            .iter()
+            .filter(|labels| !totals.contains_key(*labels))
+        {
+            self.family.remove(stale);
+        }
+        *present = totals.into_keys().collect();
+    }
+}
+
+/// Every metric of the operator, registered once. Share it as `Arc<Metrics>`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    tasks: SnapshotGauges<TaskCountLabels>,
+    transitions: Family<TransitionLabels, Counter>,
+    dispatch_latency: Histogram,
+    task_duration: Family<OutcomeLabels, Histogram>,
+    retries: Family<RetryLabels, Counter>,
+    dead_tasks: Family<DeadLabels, Counter>,
+    queue_pending: SnapshotGauges<QueuePriorityLabels>,
+    queue_wait: Family<QueuePriorityLabels, Histogram>,
+    circuit_open: Family<CircuitLabels, Gauge>,
+    reconcile_duration: Family<ControllerLabels, Histogram>,
+    reconcile_errors: Family<ControllerLabels, Counter>,
+    leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn fast_histogram() -> Histogram {
+    Histogram::new(FAST_BUCKETS)
+}
+
+fn wait_histogram() -> Histogram {
+    Histogram::new(WAIT_BUCKETS)
+}
+
+fn task_duration_histogram() -> Histogram {
+    Histogram::new(TASK_DURATION_BUCKETS)
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let metrics = Metrics {
+            registry: Registry::default(),
+            tasks: SnapshotGauges::new(),
+            transitions: Family::default(),
+            dispatch_latency: fast_histogram(),
+            task_duration: Family::new_with_constructor(task_duration_histogram),
+            retries: Family::default(),
+            dead_tasks: Family::default(),
+            queue_pending: SnapshotGauges::new(),
+            queue_wait: Family::new_with_constructor(wait_histogram),
+            circuit_open: Family::default(),
+            reconcile_duration: Family::new_with_constructor(fast_histogram),
+            reconcile_errors: Family::default(),
+            leader: Gauge::default(),
+        };
+        metrics.register()
+    }
+
+    fn register(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "ax_tasks",
+            "AxTasks by queue, type and phase, from the informer cache",
+            self.tasks.family.clone(),
+        );
+        r.register(
+            "ax_task_transitions",
+            "Phase transitions written by the operator",
+            self.transitions.clone(),
+        );
+        r.register(
+            "ax_dispatch_latency_seconds",
+            "Time from queuedAt to the worker pod being created",
+            self.dispatch_latency.clone(),
+        );
+        r.register(
+            "ax_task_duration_seconds",
+            "Run time of finished attempts by type and outcome phase",
+            self.task_duration.clone(),
+        );
+        r.register(
+            "ax_retries",
+            "Attempts re-queued after a failure, by type and failure kind",
+            self.retries.clone(),
+        );
+        r.register(
+            "ax_dead_tasks",
+            "Tasks that went Dead, by type and reason",
+            self.dead_tasks.clone(),
+        );
+        r.register(
+            "ax_queue_pending",
+            "Tasks waiting in each queue bucket",
+            self.queue_pending.family.clone(),
+        );
+        r.register(
+            "ax_queue_wait_seconds",
+            "Time a task waited in its queue bucket before dispatch",
+            self.queue_wait.clone(),
+        );
+        r.register(
+            "ax_circuit_open",
+            "1 while the circuit breaker of a queue and task type is open (or half-open)",
+            self.circuit_open.clone(),
+        );
+        r.register(
+            "ax_reconcile_duration_seconds",
+            "Duration of one reconcile, by controller",
+            self.reconcile_duration.clone(),
+        );
+        r.register(
+            "ax_reconcile_errors",
+            "Reconciles that returned an error, by controller",
+            self.reconcile_errors.clone(),
+        );
+        r.register(
+            "ax_leader",
+            "1 while this replica holds the ax-operator lease",
+            self.leader.clone(),
+        );
+        self
+    }
+
+    /// Replaces all of `ax_tasks` with `counts` of `((queue, type, phase), n)`: label sets absent from
+    /// `counts` disappear.
+    pub fn set_task_counts<Q, T, P>(&self, counts: impl IntoIterator<Item = ((Q, T, P), usize)>)
+    where
+        Q: AsRef<str>,
+        T: AsRef<str>,
+        P: AsRef<str>,
+    {
+        self.tasks
+            .replace(counts.into_iter().map(|((queue, task_type, phase), n)| {
+                let labels = TaskCountLabels {
+                    queue: queue.as_ref().to_owned(),
+                    r#type: task_type.as_ref().to_owned(),
+                    phase: phase.as_ref().to_owned(),
+                };
+                (labels, n)
+            }));
+    }
+
+    /// A task moved from phase `from` to phase `to` (`from` is `New` for a task's first phase).
+    pub fn transition(&self, from: &str, to: &str) {
+        self.transitions
+            .get_or_create(&TransitionLabels {
+                from: from.to_owned(),
+                to: to.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A worker pod was created `latency` after its task was queued.
+    pub fn dispatched(&self, latency: Duration) {
+        self.dispatch_latency.observe(latency.as_secs_f64());
+    }
+
+    /// An attempt of a task of `task_type` ended in phase `outcome` after running for `duration`.
+    pub fn task_finished(&self, task_type: &str, outcome: &str, duration: Duration) {
+        self.task_duration
+            .get_or_create(&OutcomeLabels {
+                r#type: task_type.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .observe(duration.as_secs_f64());
+    }
+
+    /// A failed attempt was re-queued; `kind` is the failure kind (`Retryable`, `Infrastructure`, `Timeout`).
+    pub fn retried(&self, task_type: &str, kind: &str) {
+        self.retries
+            .get_or_create(&RetryLabels {
+                r#type: task_type.to_owned(),
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A task went Dead; `reason` is a short code (e.g. `RetriesExhausted`, `NonRetryable`,
+    /// `BudgetExceeded`, `InvalidSpec`), not the human-readable message.
+    pub fn dead(&self, task_type: &str, reason: &str) {
+        self.dead_tasks
+            .get_or_create(&DeadLabels {
+                r#type: task_type.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Replaces all of `ax_queue_pending` with `pending` of `((queue, priority), n)`.
+    pub fn set_queue_pending<Q, P>(&self, pending: impl IntoIterator<Item = ((Q, P), usize)>)
+    where
+        Q: AsRef<str>,
+        P: AsRef<str>,
+    {
+        self.queue_pending
+            .replace(pending.into_iter().map(|((queue, priority), n)| {
+                let labels = QueuePriorityLabels {
+                    queue: queue.as_ref().to_owned(),
+                    priority: priority.as_ref().to_owned(),
+                };
+                (labels, n)
+            }));
+    }
+
+    /// A task left its queue bucket after waiting `wait`.
+    pub fn queue_waited(&self, queue: &str, priority: &str, wait: Duration) {
+        self.queue_wait
+            .get_or_create(&QueuePriorityLabels {
+                queue: queue.to_owned(),
+                priority: priority.to_owned(),
+            })
+            .observe(wait.as_secs_f64());
+    }
+
+    /// Records whether the circuit of (`queue`, `task_type`) is open; a closed circuit shows 0.
+    pub fn set_circuit_open(&self, queue: &str, task_type: &str, open: bool) {
+        self.circuit_open
+            .get_or_create(&CircuitLabels {
+                queue: queue.to_owned(),
+                r#type: task_type.to_owned(),
+            })
+            .set(i64::from(open));
+    }
+
+    /// Starts timing one reconcile of `controller`; the duration is recorded when the guard drops,
+    /// so every exit path (including `?` and panics) is counted.
+    #[must_use = "the reconcile is timed until this guard is dropped"]
+    pub fn reconcile_timer(&self, controller: &str) -> ReconcileTimer {
+        ReconcileTimer {
+            started: Instant::now(),
+            labels: ControllerLabels {
+                controller: controller.to_owned(),
+            },
+            durations: self.reconcile_duration.clone(),
+        }
+    }
+
+    /// A reconcile of `controller` returned an error.
+    pub fn reconcile_error(&self, controller: &str) {
+        self.reconcile_errors
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// All metrics in the OpenMetrics text format (serve with [`OPENMETRICS_CONTENT_TYPE`]).
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+/// Observes the time since [`Metrics::reconcile_timer`] into `ax_reconcile_duration_seconds` on drop.
+#[derive(Debug)]
+pub struct ReconcileTimer {
+    started: Instant,
+    labels: ControllerLabels,
+    durations: Family<ControllerLabels, Histogram>,
+}
+
+impl Drop for ReconcileTimer {
+    fn drop(&mut self) {
+        self.durations
+            .get_or_create(&self.labels)
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample line that starts with `series` followed by a space.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|line| {
+            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+            value.split(' ').next()?.parse().ok()
+        })
+    }
+
+    #[test]
+    fn encode_contains_every_metric_of_the_design() {
+        let metrics = Metrics::new();
+        metrics.set_task_counts([(("default", "resize", "Pending"), 2)]);
+        metrics.transition("Pending", "Scheduled");
+        metrics.dispatched(Duration::from_millis(20));
+        metrics.task_finished("resize", "Succeeded", Duration::from_secs(3));
+        metrics.retried("resize", "Retryable");
+        metrics.dead("resize", "RetriesExhausted");
+        metrics.set_queue_pending([(("default", "Normal"), 1)]);
+        metrics.queue_waited("default", "Normal", Duration::from_millis(5));
+        metrics.set_circuit_open("default", "resize", true);
+        drop(metrics.reconcile_timer("axtask"));
+        metrics.reconcile_error("axtask");
+        metrics.set_leader(true);
+        let text = metrics.encode().expect("encode");
+
+        for (kind, name) in [
+            ("gauge", "ax_tasks"),
+            ("counter", "ax_task_transitions"),
+            ("histogram", "ax_dispatch_latency_seconds"),
+            ("histogram", "ax_task_duration_seconds"),
+            ("counter", "ax_retries"),
+            ("counter", "ax_dead_tasks"),
+            ("gauge", "ax_queue_pending"),
+            ("histogram", "ax_queue_wait_seconds"),
+            ("gauge", "ax_circuit_open"),
+            ("histogram", "ax_reconcile_duration_seconds"),
+            ("counter", "ax_reconcile_errors"),
+            ("gauge", "ax_leader"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} ({kind}) missing from:\n{text}"
+            );
+        }
+        for series in [
+            r#"ax_tasks{queue="default",type="resize",phase="Pending"}"#,
+            r#"ax_task_transitions_total{from="Pending",to="Scheduled"}"#,
+            r#"ax_task_duration_seconds_count{type="resize",outcome="Succeeded"}"#,
+            r#"ax_retries_total{type="resize",kind="Retryable"}"#,
+            r#"ax_dead_tasks_total{type="resize",reason="RetriesExhausted"}"#,
+            r#"ax_queue_pending{queue="default",priority="Normal"}"#,
+            r#"ax_queue_wait_seconds_count{queue="default",priority="Normal"}"#,
+            r#"ax_circuit_open{queue="default",type="resize"}"#,
+            r#"ax_reconcile_duration_seconds_count{controller="axtask"}"#,
+            r#"ax_reconcile_errors_total{controller="axtask"}"#,
+            "ax_leader",
+        ] {
+            assert!(
+                sample(&text, series).is_some(),
+                "{series} missing from:\n{text}"
+            );
+        }
+        assert_eq!(sample(&text, "ax_leader"), Some(1.0));
+        assert!(text.ends_with("# EOF\n"), "not OpenMetrics:\n{text}");
+    }
+
+    #[test]
+    fn histogram_counts_equal_observations() {
+        let metrics = Metrics::new();
+        for millis in [1, 7, 300, 12_000] {
+            metrics.dispatched(Duration::from_millis(millis));
+        }
+        metrics.queue_waited("q", "High", Duration::from_secs(1));
+        metrics.queue_waited("q", "High", Duration::from_secs(2));
+        metrics.queue_waited("q", "Low", Duration::from_secs(3));
+        for _ in 0..3 {
+            let _timer = metrics.reconcile_timer("axqueue");
+        }
+        let text = metrics.encode().expect("encode");
+
+        assert_eq!(
+            sample(&text, "ax_dispatch_latency_seconds_count"),
+            Some(4.0)
+        );
+        let sum = sample(&text, "ax_dispatch_latency_seconds_sum").expect("sum");
+        assert!((sum - 12.308).abs() < 1e-9, "sum {sum}");
+        // Buckets are cumulative: 1 ms and 7 ms are under 10 ms; 12 s only lands in +Inf.
+        assert_eq!(
+            sample(&text, r#"ax_dispatch_latency_seconds_bucket{le="0.01"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, r#"ax_dispatch_latency_seconds_bucket{le="10.0"}"#),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(&text, r#"ax_dispatch_latency_seconds_bucket{le="+Inf"}"#),
+            Some(4.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_queue_wait_seconds_count{queue="q",priority="High"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_queue_wait_seconds_count{queue="q",priority="Low"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_reconcile_duration_seconds_count{controller="axqueue"}"#
+            ),
+            Some(3.0)
+        );
+    }
+
+    #[test]
+    fn set_task_counts_replaces_the_whole_family() {
+        let metrics = Metrics::new();
+        metrics.set_task_counts([
+            (("default", "resize", "Pending"), 3),
+            (("default", "resize", "Running"), 2),
+            (("batch", "etl", "Running"), 1),
+        ]);
+        metrics.set_task_counts([
+            (("default", "resize", "Running"), 4),
+            (("default", "resize", "Succeeded"), 1),
+            (("default", "resize", "Succeeded"), 2),
+        ]);
+        let text = metrics.encode().expect("encode");
+
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_tasks{queue="default",type="resize",phase="Running"}"#
+            ),
+            Some(4.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_tasks{queue="default",type="resize",phase="Succeeded"}"#
+            ),
+            Some(3.0),
+            "repeated label sets are summed"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_tasks{queue="default",type="resize",phase="Pending"}"#
+            ),
+            None,
+            "an emptied phase disappears:\n{text}"
+        );
+        assert!(
+            !text.contains(r#"queue="batch""#),
+            "stale queue kept:\n{text}"
+        );
+
+        metrics.set_task_counts(std::iter::empty::<((&str, &str, &str), usize)>());
+        let text = metrics.encode().expect("encode");
+        assert!(
+            !text.contains("ax_tasks{"),
+            "empty snapshot kept series:\n{text}"
+        );
+    }
+
+    #[test]
+    fn set_queue_pending_replaces_and_circuits_close_to_zero() {
+        let metrics = Metrics::new();
+        metrics.set_queue_pending([(("default", "High"), 5), (("default", "Low"), 1)]);
+        metrics.set_queue_pending([(("default", "Low"), 2)]);
+        metrics.set_circuit_open("default", "resize", true);
+        metrics.set_circuit_open("default", "resize", false);
+        let text = metrics.encode().expect("encode");
+
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_queue_pending{queue="default",priority="High"}"#
+            ),
+            None
+        );
+        assert_eq!(
+            sample(&text, r#"ax_queue_pending{queue="default",priority="Low"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, r#"ax_circuit_open{queue="default",type="resize"}"#),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn counters_count_and_leader_flips() {
+        let metrics = Metrics::new();
+        metrics.transition("Pending", "Scheduled");
+        metrics.transition("Pending", "Scheduled");
+        metrics.transition("Scheduled", "Running");
+        metrics.reconcile_error("axtask");
+        metrics.set_leader(true);
+        metrics.set_leader(false);
+        let text = metrics.encode().expect("encode");
+
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_task_transitions_total{from="Pending",to="Scheduled"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_task_transitions_total{from="Scheduled",to="Running"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, r#"ax_reconcile_errors_total{controller="axtask"}"#),
+            Some(1.0)
+        );
+        assert_eq!(sample(&text, "ax_leader"), Some(0.0));
+    }
+}
