@@ -510,6 +510,9 @@ ensure_sim() {
     return 0
   fi
   stop_daemon ax-sim 10
+  # Nodes of an earlier simulator (perhaps with more nodes) would stay Ready for a while with no one
+  # driving their pods: remove them all; the new simulator registers its own.
+  kubectl_admin --request-timeout=20s delete nodes -l ax.dev/sim-node=true --wait=false >/dev/null 2>&1 || true
   started=$(now)
   CURRENT_PHASE=sim-build
   say "ax-e2e: building ax-sim"

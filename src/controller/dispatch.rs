@@ -26,7 +26,7 @@ pub async fn run(ctx: Ctx) {
             _ = ctx.dispatch_wanted.notified() => {}
             _ = sweep.tick() => sweep_deleted(&ctx),
         }
-        while let Some(key) = ctx.queue().next() {
+        while let Some(key) = ctx.queue().take_next() {
             let ctx = ctx.clone();
             tokio::spawn(async move {
                 if let Err(e) = dispatch(&key, &ctx).await {

@@ -51,7 +51,7 @@ impl<K: Clone + Eq + Hash + Ord> FifoQueue<K> {
     }
 
     /// The oldest pending task, if a slot is free; it now holds that slot.
-    pub fn next(&mut self) -> Option<K> {
+    pub fn take_next(&mut self) -> Option<K> {
         if self.running.len() >= self.concurrency {
             return None;
         }
@@ -89,21 +89,21 @@ mod tests {
         q.upsert("b", t(2));
         q.upsert("a", t(1));
         q.upsert("c", t(3));
-        assert_eq!(q.next(), Some("a"));
-        assert_eq!(q.next(), Some("b"));
-        assert_eq!(q.next(), None, "limit reached");
+        assert_eq!(q.take_next(), Some("a"));
+        assert_eq!(q.take_next(), Some("b"));
+        assert_eq!(q.take_next(), None, "limit reached");
         q.finished(&"a");
-        assert_eq!(q.next(), Some("c"));
+        assert_eq!(q.take_next(), Some("c"));
     }
 
     #[test]
     fn requeue_moves_a_task_and_frees_its_slot() {
         let mut q = FifoQueue::new(1);
         q.upsert("a", t(1));
-        assert_eq!(q.next(), Some("a"));
+        assert_eq!(q.take_next(), Some("a"));
         q.upsert("a", t(5));
         q.upsert("b", t(2));
-        assert_eq!(q.next(), Some("b"));
+        assert_eq!(q.take_next(), Some("b"));
     }
 
     proptest! {
@@ -119,7 +119,7 @@ mod tests {
                     _ => {
                         // mark_running may exceed the limit (repair after a restart); next() never does.
                         let before = q.running_count();
-                        if q.next().is_some() {
+                        if q.take_next().is_some() {
                             prop_assert!(before < limit);
                             prop_assert_eq!(q.running_count(), before + 1);
                         }
@@ -139,7 +139,7 @@ mod tests {
                 q.upsert(*k, t(i as i64));
             }
             let mut taken = 0;
-            while q.next().is_some() {
+            while q.take_next().is_some() {
                 taken += 1;
             }
             let distinct: HashSet<_> = keys.iter().collect();

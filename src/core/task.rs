@@ -544,10 +544,13 @@ fn in_flight(spec: &AxTaskSpec, worker: Option<&WorkerState>, d: &mut Decision, 
         fail(spec, TaskPhase::TimedOut, failure, d, clock);
         return;
     }
+    // The soft timeout counts from when the worker started running: a pod still waiting for a
+    // node or its image is not hung, and the hard timeout (from dispatch) bounds that wait.
     if let Some(soft) = spec.timeout.soft_seconds
+        && let Some(running_since) = d.status.started_at
         && d.status.soft_timeout_attempt != Some(d.status.attempt)
     {
-        let soft_at = add_seconds(started, soft);
+        let soft_at = add_seconds(running_since, soft);
         if now >= soft_at {
             let alive =
                 w.phase == PodPhase::Running && w.restarts == 0 && w.node_ready != Some(false);
@@ -583,9 +586,6 @@ fn in_flight(spec: &AxTaskSpec, worker: Option<&WorkerState>, d: &mut Decision, 
 fn hard_deadline_requeue(spec: &AxTaskSpec, d: &mut Decision, now: Timestamp) {
     let started = d.status.scheduled_at.unwrap_or(now);
     d.requeue_at(add_seconds(started, spec.timeout.hard_seconds), now);
-    if let Some(soft) = spec.timeout.soft_seconds {
-        d.requeue_at(add_seconds(started, soft), now);
-    }
 }
 
 fn add_seconds(t: Timestamp, seconds: i64) -> Timestamp {

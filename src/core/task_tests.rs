@@ -391,14 +391,26 @@ fn dispatch_records_the_attempt_and_worker_before_the_pod_exists() {
 }
 
 #[test]
-fn dispatch_requeues_at_the_soft_timeout_when_there_is_one() {
+fn soft_timeout_counts_from_when_the_worker_started_running() {
     let mut s = spec();
     s.timeout = TimeoutSpec {
         soft_seconds: Some(30),
         hard_seconds: 600,
     };
     let d = dispatch(TASK, &s, &admitted(&s, t(0)), &clock(t(0))).expect("dispatchable");
-    assert_eq!(d.requeue_after, Some(secs(30)));
+    assert_eq!(
+        d.requeue_after,
+        Some(secs(600)),
+        "only the hard timeout runs before the pod does"
+    );
+    // A pod still waiting for its node or image at softSeconds is not hung.
+    let waiting = step(&s, &d.status, Some(&pending_pod()), t(45));
+    assert_eq!(waiting.status.phase, Some(Scheduled));
+    assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
+    // Running from t(50): soft at t(80).
+    let running = step(&s, &waiting.status, Some(&running_pod()), t(50));
+    assert_eq!(running.status.phase, Some(Running));
+    assert_eq!(running.requeue_after, Some(secs(30)));
 }
 
 #[test]
@@ -960,12 +972,12 @@ fn soft_timeout_with_an_alive_worker_warns_once_per_attempt() {
     let early = step(&s, &running_task(&s), Some(&running_pod()), t(30));
     assert_eq!(
         early.requeue_after,
-        Some(secs(30)),
+        Some(secs(31)),
         "wake up at softSeconds"
     );
     assert!(early.actions.is_empty());
 
-    let warned = step(&s, &early.status, Some(&running_pod()), t(60));
+    let warned = step(&s, &early.status, Some(&running_pod()), t(61));
     assert_eq!(warned.status.phase, Some(Running));
     assert!(warned.transitions.is_empty());
     assert_eq!(warned.actions.len(), 1);
@@ -979,7 +991,7 @@ fn soft_timeout_with_an_alive_worker_warns_once_per_attempt() {
     assert_eq!(warned.status.soft_timeout_attempt, Some(1));
     assert_eq!(
         warned.requeue_after,
-        Some(secs(540)),
+        Some(secs(539)),
         "next wake-up is the hard timeout"
     );
     assert_eq!(warned.queue, QueueState::Running);
@@ -1002,7 +1014,7 @@ fn soft_timeout_with_an_alive_worker_warns_once_per_attempt() {
     let failed = step(&s, &later.status, Some(&failed_pod(1, "")), t(100));
     let second = dispatched(&s, &failed.status, t(101));
     let running = step(&s, &second, Some(&running_pod()), t(102)).status;
-    let warned_again = step(&s, &running, Some(&running_pod()), t(161));
+    let warned_again = step(&s, &running, Some(&running_pod()), t(162));
     assert!(
         matches!(warned_again.actions.as_slice(), [Action::Warn { .. }]),
         "{:?}",
@@ -1018,7 +1030,7 @@ fn soft_timeout_counts_an_unknown_node_readiness_as_alive() {
         node_ready: None,
         ..running_pod()
     };
-    let d = step(&s, &running_task(&s), Some(&unknown_node), t(60));
+    let d = step(&s, &running_task(&s), Some(&unknown_node), t(61));
     assert!(
         matches!(d.actions.as_slice(), [Action::Warn { .. }]),
         "{:?}",
@@ -1046,7 +1058,6 @@ fn soft_timeout_with_a_worker_that_is_not_alive_times_out_now() {
                 ..running_pod()
             },
         ),
-        ("pod still pending", scheduled_task(&s), pending_pod()),
         (
             "pod phase unknown",
             running_task(&s),
@@ -1058,7 +1069,7 @@ fn soft_timeout_with_a_worker_that_is_not_alive_times_out_now() {
     ];
     for (case, status, worker) in cases {
         let from = status.phase;
-        let d = step(&s, &status, Some(&worker), t(60));
+        let d = step(&s, &status, Some(&worker), t(61));
         assert_eq!(
             path(&d),
             [(from, TimedOut), (Some(TimedOut), Pending)],
@@ -1539,7 +1550,7 @@ fn observed_restarted_container_is_not_alive_at_the_soft_timeout() {
         &s,
         &running_task(&s),
         Some(&observe(&pod, Some(true))),
-        t(60),
+        t(61),
     );
     assert_eq!(d.status.phase, Some(Pending));
     assert_eq!(d.transitions[0].to, TimedOut);
@@ -1550,7 +1561,7 @@ fn observed_restarted_container_is_not_alive_at_the_soft_timeout() {
         &s,
         &running_task(&s),
         Some(&observe(&healthy, Some(true))),
-        t(60),
+        t(61),
     );
     assert!(
         matches!(d.actions.as_slice(), [Action::Warn { .. }]),

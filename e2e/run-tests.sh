@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Runs every test of ax: unit and property tests, then the end-to-end tests on a real local
+# cluster that this script brings up (and takes down again unless AX_E2E_KEEP=1).
+#
+#   e2e/run-tests.sh            everything
+#   AX_E2E_KEEP=1 e2e/run-tests.sh   leave the cluster running afterwards (faster reruns)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+STATE=${AX_E2E_DIR:-/var/lib/ax-e2e}
+ARTIFACTS=${AX_E2E_ARTIFACTS:-$ROOT/target/e2e}
+mkdir -p "$ARTIFACTS"
+export CARGO_TERM_COLOR=never RUST_BACKTRACE=1
+
+declare -a SUMMARY=()
+FAILED=0
+START=$(date +%s)
+
+phase() { printf '\n=== %s\n' "$*"; PHASE_START=$(date +%s); }
+phase_done() { SUMMARY+=("$(printf '%-28s %4ss  %s' "$1" "$(( $(date +%s) - PHASE_START ))" "$2")"); }
+run_phase() { # name, command...
+  local name=$1; shift
+  phase "$name"
+  if "$@"; then phase_done "$name" ok; else phase_done "$name" FAILED; FAILED=1; fi
+}
+
+OPERATOR_PID=
+stop_operator() {
+  if [ -n "$OPERATOR_PID" ] && kill -0 "$OPERATOR_PID" 2>/dev/null; then
+    kill "$OPERATOR_PID" 2>/dev/null || true
+    wait "$OPERATOR_PID" 2>/dev/null || true
+  fi
+  OPERATOR_PID=
+}
+finish() {
+  stop_operator
+  if [ "${AX_E2E_KEEP:-0}" != 1 ]; then
+    phase "cluster down"
+    e2e/cluster.sh down || true
+  fi
+  printf '\n=== summary (%ss in all)\n' "$(( $(date +%s) - START ))"
+  printf '%s\n' "${SUMMARY[@]}"
+}
+trap finish EXIT
+
+crds_fresh() {
+  local fresh; fresh=$(mktemp -d)
+  cargo run -q --bin crdgen "$fresh"
+  if ! diff -r crds "$fresh" >/dev/null; then
+    echo "crds/ is stale: run 'cargo run --bin crdgen crds' and commit the result" >&2
+    diff -r crds "$fresh" | head -20 >&2
+    return 1
+  fi
+  local crd
+  for crd in crds/*.yaml; do
+    if [ -d charts/ax-operator/crds ] && ! cmp -s "$crd" "charts/ax-operator/crds/$(basename "$crd")"; then
+      echo "charts/ax-operator/crds/$(basename "$crd") differs from $crd: copy crds/*.yaml into the chart" >&2
+      return 1
+    fi
+  done
+}
+
+phase "build"
+cargo build --workspace --all-targets
+phase_done build ok
+
+run_phase "unit and property tests" cargo test --workspace --lib --bins
+run_phase "crds up to date" crds_fresh
+
+phase "cluster up"
+e2e/cluster.sh up --sim-nodes 3
+phase_done "cluster up" ok
+eval "$(e2e/cluster.sh env)"
+export KUBECTL=$(command -v kubectl)
+
+phase "install CRDs, RBAC, operator"
+kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
+kubectl apply -f config/rbac.yaml >/dev/null
+# The operator runs under its own ServiceAccount, so the tests exercise its real RBAC.
+e2e/cluster.sh sa-kubeconfig ax-system ax-operator "$STATE/ax-operator.kubeconfig"
+export AX_OPERATOR_KUBECONFIG=$STATE/ax-operator.kubeconfig
+export AX_OPERATOR_BIN=$ROOT/target/debug/ax-operator
+start_operator() {
+  KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} \
+    "$AX_OPERATOR_BIN" --identity e2e >>"$ARTIFACTS/operator.log" 2>&1 &
+  OPERATOR_PID=$!
+}
+start_operator
+phase_done "install CRDs, RBAC, operator" ok
+
+# Tests that start, kill or install operators themselves run after the shared one is stopped.
+OWN_OPERATOR=(e2e_restart e2e_helm)
+shared=()
+for t in tests/e2e_*.rs; do
+  name=$(basename "$t" .rs)
+  [[ " ${OWN_OPERATOR[*]} " == *" $name "* ]] || shared+=(--test "$name")
+done
+run_phase "e2e: shared operator" cargo test "${shared[@]}" -- --test-threads 16
+stop_operator
+for name in "${OWN_OPERATOR[@]}"; do
+  [ -f "tests/$name.rs" ] || continue
+  run_phase "e2e: ${name#e2e_}" cargo test --test "$name" -- --test-threads 1
+done
+run_phase "e2e: sim nodes" cargo test -p ax-sim --test sim_pods
+run_phase "harness tests" e2e/test-harness.sh
+
+if [ "$FAILED" != 0 ]; then
+  echo "operator log: $ARTIFACTS/operator.log (last lines below)"
+  tail -n 40 "$ARTIFACTS/operator.log" || true
+fi
+exit "$FAILED"

@@ -1,0 +1,206 @@
+//! Helpers for the end-to-end tests: they talk to the real cluster named by KUBECONFIG, where
+//! e2e/run-tests.sh has installed the CRDs and started the operator.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ax::api::{AxTask, HistoryEntry, TaskPhase};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+
+pub async fn client() -> Client {
+    assert!(
+        std::env::var_os("KUBECONFIG").is_some(),
+        "KUBECONFIG not set: run the e2e tests with e2e/run-tests.sh (or `make test`), which starts the cluster and the operator"
+    );
+    Client::try_default()
+        .await
+        .expect("a client for the cluster in KUBECONFIG")
+}
+
+/// A fresh namespace for one test, so tests can run side by side.
+pub async fn namespace(client: &Client, test: &str) -> String {
+    let name = format!("e2e-{test}-{:04x}", rand::random::<u16>());
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+    api.create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+    name
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// An example manifest from examples/, renamed; `edit` adjusts it for the test.
+pub fn example(file: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> AxTask {
+    let path = repo_root().join("examples").join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("example is YAML");
+    value["metadata"]["name"] = name.into();
+    edit(&mut value);
+    serde_json::from_value(value).expect("example is an AxTask")
+}
+
+pub async fn create(client: &Client, ns: &str, task: &AxTask) -> AxTask {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), task)
+        .await
+        .expect("create task")
+}
+
+/// Polls until `done` holds for the task, or panics after `timeout` showing its last status.
+pub async fn wait_task(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+    done: impl Fn(&AxTask) -> bool,
+) -> AxTask {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let task = api.get_opt(name).await.expect("get task");
+        if let Some(t) = &task
+            && done(t)
+        {
+            return t.clone();
+        }
+        if Instant::now() > deadline {
+            let status = task.map(|t| serde_yaml::to_string(&t.status).unwrap_or_default());
+            panic!(
+                "task {ns}/{name}: condition not met within {timeout:?}; last status:\n{}",
+                status.unwrap_or_else(|| "(task gone)".into())
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub fn phase(t: &AxTask) -> Option<TaskPhase> {
+    t.status.as_ref().and_then(|s| s.phase)
+}
+
+pub async fn wait_phase(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    want: TaskPhase,
+    timeout: Duration,
+) -> AxTask {
+    wait_task(client, ns, name, timeout, |t| phase(t) == Some(want)).await
+}
+
+pub fn history(t: &AxTask) -> Vec<HistoryEntry> {
+    t.status
+        .as_ref()
+        .map(|s| s.history.clone())
+        .unwrap_or_default()
+}
+
+/// The phases the task went through, in order.
+pub fn phases(t: &AxTask) -> Vec<TaskPhase> {
+    history(t).iter().map(|h| h.to).collect()
+}
+
+/// Asserts the history is a chain: each entry starts where the previous one ended.
+pub fn assert_history_chain(t: &AxTask) {
+    let h = history(t);
+    for pair in h.windows(2) {
+        assert_eq!(
+            pair[1].from,
+            Some(pair[0].to),
+            "history is not a chain: {h:#?}"
+        );
+        assert!(
+            pair[1].time >= pair[0].time,
+            "history goes back in time: {h:#?}"
+        );
+    }
+}
+
+/// Reasons of the Events about this task, polled until `want` are all there (Events are sent in
+/// the background, so they may trail the status a little).
+pub async fn wait_events(client: &Client, ns: &str, name: &str, want: &[&str]) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.name={name},involvedObject.kind=AxTask"
+        ));
+        let events = api.list(&lp).await.expect("list events").items;
+        let reasons: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
+        if want.iter().all(|w| reasons.iter().any(|r| r == w)) {
+            return events;
+        }
+        if Instant::now() > deadline {
+            panic!("events of {ns}/{name}: want {want:?}, have {reasons:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+pub async fn pods_of(client: &Client, ns: &str, task: &str) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default().labels(&format!("ax.dev/task={task}")))
+        .await
+        .expect("list pods")
+        .items
+}
+
+pub async fn wait_pod_gone(client: &Client, ns: &str, pod: &str, timeout: Duration) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + timeout;
+    while api.get_opt(pod).await.expect("get pod").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "pod {ns}/{pod} still exists after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub fn kubectl() -> String {
+    std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
+}
+
+/// Runs kubectl; returns (success, stdout, stderr).
+pub fn run_kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(kubectl());
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd.stdin(if stdin.is_some() {
+        std::process::Stdio::piped()
+    } else {
+        std::process::Stdio::null()
+    });
+    let mut child = cmd.spawn().expect("run kubectl");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+pub fn names(t: &AxTask) -> String {
+    format!("{}/{}", t.namespace().unwrap_or_default(), t.name_any())
+}
+
+pub const LONG: Duration = Duration::from_secs(120);

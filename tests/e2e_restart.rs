@@ -1,0 +1,162 @@
+//! The operator killed with SIGKILL while tasks are Scheduled and Running, then restarted: every
+//! task still finishes, and no attempt ever has two pods. This test starts its own operators
+//! (e2e/run-tests.sh stops the shared one first).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ax::api::{AxTask, TaskPhase};
+use common::*;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// Every pod ever created in the namespace, by (task, attempt) → the set of pod uids.
+type PodsByAttempt = BTreeMap<(String, String), BTreeSet<String>>;
+
+fn start_operator(tag: &str) -> Child {
+    let bin = std::env::var("AX_OPERATOR_BIN").expect("AX_OPERATOR_BIN: set by e2e/run-tests.sh");
+    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
+    let log_dir = repo_root().join("target/e2e");
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_dir.join("operator-restart.log"))
+        .unwrap();
+    Command::new(bin)
+        .args(["--identity", tag])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,ax=debug")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start ax-operator")
+}
+
+fn sigkill(child: &mut Child) {
+    // Child::kill sends SIGKILL: no chance to clean up, like a node or OOM kill.
+    child.kill().expect("SIGKILL the operator");
+    child.wait().unwrap();
+}
+
+/// A task of `seconds` on the real kubelet, or on a simulated node.
+fn task(name: &str, sim: bool, seconds: u64) -> AxTask {
+    example("hello.yaml", name, |v| {
+        let spec = &mut v["spec"]["template"]["spec"];
+        if sim {
+            spec["nodeSelector"] = serde_json::json!({"ax.dev/sim-node": "true"});
+            spec["tolerations"] = serde_json::json!([{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}]);
+            spec["containers"][0]["env"] = serde_json::json!([
+                {"name": "AX_SIM_START_MS", "value": "300"},
+                {"name": "AX_SIM_DURATION_MS", "value": (seconds * 1000).to_string()}]);
+        } else {
+            spec["containers"][0]["command"] =
+                serde_json::json!(["sh", "-c", format!("sleep {seconds}")]);
+        }
+    })
+}
+
+#[tokio::test]
+async fn operator_killed_mid_flight_loses_nothing_and_duplicates_nothing() {
+    let client = client().await;
+    let ns = namespace(&client, "restart").await;
+
+    let seen: Arc<Mutex<PodsByAttempt>> = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let recorder = seen.clone();
+    let watch = tokio::spawn(async move {
+        let mut stream = watcher(pods, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(pod)) = stream.next().await {
+            let labels = pod.labels();
+            if let (Some(task), Some(attempt)) =
+                (labels.get("ax.dev/task"), labels.get("ax.dev/attempt"))
+            {
+                let mut seen = recorder.lock().unwrap();
+                seen.entry((task.clone(), attempt.clone()))
+                    .or_default()
+                    .insert(pod.uid().unwrap_or_default());
+            }
+        }
+    });
+
+    let mut operator = start_operator("restart-a");
+    let mut names = Vec::new();
+    for i in 0..6 {
+        let name = format!("real-{i}");
+        create(&client, &ns, &task(&name, false, 6)).await;
+        names.push(name);
+    }
+    for i in 0..40 {
+        let name = format!("sim-{i}");
+        create(&client, &ns, &task(&name, true, 4 + (i % 4))).await;
+        names.push(name);
+    }
+
+    // Kill it as soon as tasks are in flight, twice, restarting in between.
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    for round in 0..2 {
+        let deadline = Instant::now() + LONG;
+        loop {
+            let tasks = api.list(&ListParams::default()).await.unwrap().items;
+            let in_flight = tasks
+                .iter()
+                .filter(|t| matches!(phase(t), Some(TaskPhase::Scheduled | TaskPhase::Running)))
+                .count();
+            if in_flight >= 5 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "tasks never got in flight");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        sigkill(&mut operator);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        operator = start_operator(&format!("restart-{round}"));
+    }
+
+    for name in &names {
+        let t = wait_task(&client, &ns, name, Duration::from_secs(180), |t| {
+            phase(t).is_some_and(TaskPhase::is_terminal)
+        })
+        .await;
+        let s = t.status.clone().unwrap();
+        assert_eq!(
+            s.phase,
+            Some(TaskPhase::Succeeded),
+            "{name}: {:#?}",
+            s.history
+        );
+        assert_eq!(
+            (s.attempt, s.retries),
+            (1, 0),
+            "{name}: a restart must not cost an attempt: {:#?}",
+            s.history
+        );
+        assert_history_chain(&t);
+    }
+    sigkill(&mut operator);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watch.abort();
+
+    let seen = seen.lock().unwrap();
+    for name in &names {
+        let uids = seen
+            .get(&(name.clone(), "1".into()))
+            .unwrap_or_else(|| panic!("no pod seen for {name}"));
+        assert_eq!(uids.len(), 1, "{name} attempt 1 had {} pods", uids.len());
+    }
+    assert!(
+        seen.keys().all(|(_, attempt)| attempt == "1"),
+        "only first attempts ran: {:?}",
+        seen.keys()
+    );
+}

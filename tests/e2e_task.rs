@@ -1,0 +1,520 @@
+//! The AxTask lifecycle on the real cluster (real kubelet), driven through the API server with the
+//! operator started by e2e/run-tests.sh.
+
+mod common;
+
+use std::time::Duration;
+
+use ax::api::{AxTask, FailureKind, TaskPhase};
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams};
+
+#[tokio::test]
+async fn succeeds_on_the_first_attempt() {
+    let client = client().await;
+    let ns = namespace(&client, "hello").await;
+    create(&client, &ns, &example("hello.yaml", "hello", |_| {})).await;
+    let t = wait_phase(&client, &ns, "hello", TaskPhase::Succeeded, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!((s.attempt, s.retries), (1, 0));
+    assert_eq!(s.worker.as_deref(), Some("hello-1"));
+    assert_eq!(s.node.as_deref(), Some("localhost"));
+    assert!(s.finished_at.is_some() && s.queued_at.is_some());
+    let p = phases(&t);
+    assert_eq!(p.first(), Some(&TaskPhase::Pending));
+    assert_eq!(p.get(1), Some(&TaskPhase::Scheduled));
+    assert_eq!(p.last(), Some(&TaskPhase::Succeeded));
+    assert_history_chain(&t);
+    let ready = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready condition");
+    assert_eq!(ready.status, "True");
+    wait_events(
+        &client,
+        &ns,
+        "hello",
+        &["Queued", "Dispatched", "Completed"],
+    )
+    .await;
+
+    // The worker saw its identity and payload, as env and as a file.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = pods.get("hello-1").await.unwrap();
+    let labels = pod.metadata.labels.clone().unwrap();
+    assert_eq!(labels["ax.dev/task"], "hello");
+    assert_eq!(labels["ax.dev/attempt"], "1");
+    assert_eq!(labels["ax.dev/type"], "hello");
+    assert_eq!(
+        pod.metadata.owner_references.unwrap()[0].uid,
+        t.metadata.uid.clone().unwrap()
+    );
+    let logs = pods.logs("hello-1", &LogParams::default()).await.unwrap();
+    assert!(logs.contains("task=hello attempt=1"), "{logs}");
+    assert!(logs.contains(r#"{"greeting":"hello from ax"}"#), "{logs}");
+}
+
+#[tokio::test]
+async fn retries_with_growing_backoff_until_success() {
+    let client = client().await;
+    let ns = namespace(&client, "retry").await;
+    create(&client, &ns, &example("retry.yaml", "flaky", |_| {})).await;
+    let t = wait_phase(&client, &ns, "flaky", TaskPhase::Succeeded, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!((s.attempt, s.retries), (3, 2), "{:#?}", s.history);
+    assert_history_chain(&t);
+    let h = history(&t);
+    // Gap between each failure and the next dispatch: at least the backoff (1 s, then 3 s).
+    let failed: Vec<_> = h
+        .iter()
+        .filter(|e| e.to == TaskPhase::Failed)
+        .map(|e| e.time)
+        .collect();
+    let dispatched: Vec<_> = h
+        .iter()
+        .filter(|e| e.to == TaskPhase::Scheduled)
+        .map(|e| e.time)
+        .collect();
+    assert_eq!((failed.len(), dispatched.len()), (2, 3), "{h:#?}");
+    let gap1 = dispatched[1].duration_since(failed[0]);
+    let gap2 = dispatched[2].duration_since(failed[1]);
+    assert!(gap1.as_secs_f64() >= 1.0, "gap1 {gap1:?}");
+    assert!(gap2.as_secs_f64() >= 3.0, "gap2 {gap2:?}");
+    assert!(gap2 > gap1, "gaps grow: {gap1:?} then {gap2:?}");
+    assert_eq!(s.last_failure.unwrap().kind, FailureKind::Retryable);
+    wait_events(
+        &client,
+        &ns,
+        "flaky",
+        &["ExitCode", "RetryScheduled", "Completed"],
+    )
+    .await;
+    // One pod per attempt, named by attempt.
+    let mut pods: Vec<String> = pods_of(&client, &ns, "flaky")
+        .await
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    pods.sort();
+    assert_eq!(pods, vec!["flaky-1", "flaky-2", "flaky-3"]);
+}
+
+#[tokio::test]
+async fn exit_code_rule_dead_ends_after_one_attempt() {
+    let client = client().await;
+    let ns = namespace(&client, "deadrule").await;
+    create(
+        &client,
+        &ns,
+        &example("dead-on-exit-code.yaml", "bad-input", |_| {}),
+    )
+    .await;
+    let t = wait_phase(&client, &ns, "bad-input", TaskPhase::Dead, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!((s.attempt, s.retries), (1, 0));
+    let failure = s.last_failure.unwrap();
+    assert_eq!(
+        (failure.kind, failure.exit_code, failure.reason.as_str()),
+        (FailureKind::NonRetryable, Some(42), "ExitCodeRule")
+    );
+    assert!(s.dead_reason.unwrap().contains("not retryable"));
+    assert_eq!(phases(&t).last(), Some(&TaskPhase::Dead));
+    assert!(phases(&t).contains(&TaskPhase::Failed));
+    wait_events(&client, &ns, "bad-input", &["ExitCodeRule", "NonRetryable"]).await;
+}
+
+#[tokio::test]
+async fn business_error_is_not_retried() {
+    let client = client().await;
+    let ns = namespace(&client, "biz").await;
+    create(
+        &client,
+        &ns,
+        &example("business-error.yaml", "charge-card", |_| {}),
+    )
+    .await;
+    let t = wait_phase(&client, &ns, "charge-card", TaskPhase::Dead, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!(s.attempt, 1);
+    let failure = s.last_failure.unwrap();
+    assert_eq!(
+        (failure.kind, failure.reason.as_str()),
+        (FailureKind::NonRetryable, "BusinessError")
+    );
+    assert_eq!(failure.message, "card declined");
+    assert_eq!(failure.exit_code, Some(1));
+}
+
+#[tokio::test]
+async fn always_failing_task_dies_after_max_retries() {
+    let client = client().await;
+    let ns = namespace(&client, "exhaust").await;
+    create(
+        &client,
+        &ns,
+        &example("always-fails.yaml", "always-fails", |_| {}),
+    )
+    .await;
+    let t = wait_phase(&client, &ns, "always-fails", TaskPhase::Dead, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!((s.attempt, s.retries), (3, 2));
+    let dead = s.dead_reason.clone().unwrap();
+    assert!(dead.contains("all 2 retries used"), "{dead}");
+    assert_eq!(
+        t.status.as_ref().unwrap().reason.as_deref(),
+        Some("RetriesExhausted")
+    );
+    assert_history_chain(&t);
+    let failures = phases(&t)
+        .iter()
+        .filter(|p| **p == TaskPhase::Failed)
+        .count();
+    assert_eq!(failures, 3);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Dead")
+    );
+    wait_events(&client, &ns, "always-fails", &["RetriesExhausted"]).await;
+}
+
+#[tokio::test]
+async fn hard_timeout_kills_the_worker_and_retries() {
+    let client = client().await;
+    let ns = namespace(&client, "hard").await;
+    create(&client, &ns, &example("hard-timeout.yaml", "hangs", |_| {})).await;
+    let t = wait_phase(&client, &ns, "hangs", TaskPhase::Dead, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!((s.attempt, s.retries), (2, 1), "{:#?}", s.history);
+    let timed_out: Vec<_> = history(&t)
+        .into_iter()
+        .filter(|e| e.to == TaskPhase::TimedOut)
+        .collect();
+    assert_eq!(timed_out.len(), 2);
+    assert!(timed_out.iter().all(|e| e.reason == "HardTimeout"));
+    assert_eq!(s.last_failure.unwrap().kind, FailureKind::Timeout);
+    // The hung workers were killed.
+    wait_pod_gone(&client, &ns, "hangs-1", LONG).await;
+    wait_pod_gone(&client, &ns, "hangs-2", LONG).await;
+    wait_events(&client, &ns, "hangs", &["HardTimeout"]).await;
+}
+
+#[tokio::test]
+async fn soft_timeout_on_a_healthy_worker_only_warns() {
+    let client = client().await;
+    let ns = namespace(&client, "soft").await;
+    create(&client, &ns, &example("soft-timeout.yaml", "slow", |_| {})).await;
+    let t = wait_phase(&client, &ns, "slow", TaskPhase::Succeeded, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!(s.attempt, 1);
+    assert!(!phases(&t).contains(&TaskPhase::TimedOut));
+    let events = wait_events(&client, &ns, "slow", &["SoftTimeout"]).await;
+    let soft = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("SoftTimeout"))
+        .unwrap();
+    assert_eq!(soft.type_.as_deref(), Some("Warning"));
+}
+
+#[tokio::test]
+async fn cancel_while_running_kills_the_worker() {
+    let client = client().await;
+    let ns = namespace(&client, "cancel").await;
+    create(
+        &client,
+        &ns,
+        &example("long-running.yaml", "long-job", |_| {}),
+    )
+    .await;
+    wait_phase(&client, &ns, "long-job", TaskPhase::Running, LONG).await;
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let patch = serde_json::json!({"spec": {"cancel": true}});
+    api.patch("long-job", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let t = wait_phase(&client, &ns, "long-job", TaskPhase::Canceled, LONG).await;
+    let last = history(&t).pop().unwrap();
+    assert_eq!(
+        (last.from, last.actor.as_str()),
+        (Some(TaskPhase::Running), "user")
+    );
+    wait_pod_gone(&client, &ns, "long-job-1", LONG).await;
+    wait_events(&client, &ns, "long-job", &["Canceled"]).await;
+}
+
+#[tokio::test]
+async fn worker_deleted_by_hand_is_retried_without_using_a_retry() {
+    let client = client().await;
+    let ns = namespace(&client, "podgone").await;
+    create(
+        &client,
+        &ns,
+        &example("resilient.yaml", "resilient", |_| {}),
+    )
+    .await;
+    wait_phase(&client, &ns, "resilient", TaskPhase::Running, LONG).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.delete("resilient-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    // maxRetries is 0: only an uncounted (Infrastructure) failure can lead to a second attempt.
+    let t = wait_phase(&client, &ns, "resilient", TaskPhase::Succeeded, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!((s.attempt, s.retries), (2, 0), "{:#?}", s.history);
+    let failure = s.last_failure.unwrap();
+    assert_eq!(
+        (failure.kind, failure.reason.as_str()),
+        (FailureKind::Infrastructure, "WorkerDeleted")
+    );
+}
+
+#[tokio::test]
+async fn start_after_delays_the_first_dispatch() {
+    let client = client().await;
+    let ns = namespace(&client, "delayed").await;
+    let start = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(8);
+    let start_text = start.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let task = example("delayed.yaml", "nightly", |v| {
+        v["spec"]["startAfter"] = start_text.clone().into()
+    });
+    create(&client, &ns, &task).await;
+    let pending = wait_phase(&client, &ns, "nightly", TaskPhase::Pending, LONG).await;
+    let queued = pending
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Queued")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (queued.status.as_str(), queued.reason.as_str()),
+        ("False", "Delayed")
+    );
+    let t = wait_phase(&client, &ns, "nightly", TaskPhase::Succeeded, LONG).await;
+    let scheduled = t.status.unwrap().scheduled_at.unwrap();
+    let start_whole = jiff::Timestamp::from_second(start.as_second()).unwrap();
+    assert!(
+        scheduled >= start_whole,
+        "dispatched at {scheduled}, before startAfter {start_whole}"
+    );
+}
+
+#[tokio::test]
+async fn ttl_deletes_the_finished_task_and_its_pods() {
+    let client = client().await;
+    let ns = namespace(&client, "ttl").await;
+    create(&client, &ns, &example("ttl.yaml", "short-lived", |_| {})).await;
+    let t = wait_phase(&client, &ns, "short-lived", TaskPhase::Succeeded, LONG).await;
+    let finished = t.status.unwrap().finished_at.unwrap();
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let deadline = std::time::Instant::now() + LONG;
+    while api.get_opt("short-lived").await.unwrap().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "task not deleted after its TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let gone_after = jiff::Timestamp::now().duration_since(finished);
+    assert!(
+        gone_after.as_secs_f64() >= 9.0,
+        "deleted {gone_after:?} after finishing, TTL is 10 s"
+    );
+    // The garbage collector removes the worker pod with its owner.
+    wait_pod_gone(&client, &ns, "short-lived-1", LONG).await;
+}
+
+#[tokio::test]
+async fn callback_receives_the_final_status() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Refuse the first connection with a 503 to show the callback is retried.
+    let server = tokio::spawn(async move {
+        let mut bodies = Vec::new();
+        for answer in ["503 Service Unavailable", "200 OK"] {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                let n = socket.read(&mut chunk).await.unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(split) = text.find("\r\n\r\n") {
+                    let len = text[..split]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= split + 4 + len {
+                        bodies.push(text[split + 4..].to_string());
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+            let response =
+                format!("HTTP/1.1 {answer}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            socket.write_all(response.as_bytes()).await.unwrap();
+        }
+        bodies
+    });
+
+    let client = client().await;
+    let ns = namespace(&client, "callback").await;
+    let url = format!("http://127.0.0.1:{port}/ax-done");
+    create(
+        &client,
+        &ns,
+        &example("callback.yaml", "notify-me", |v| {
+            v["spec"]["callback"]["url"] = url.clone().into()
+        }),
+    )
+    .await;
+    let t = wait_task(&client, &ns, "notify-me", LONG, |t| {
+        t.status
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CallbackDelivered"))
+    })
+    .await;
+    let s = t.status.unwrap();
+    assert_eq!(
+        s.phase,
+        Some(TaskPhase::Succeeded),
+        "the callback never changes the phase"
+    );
+    let delivered = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CallbackDelivered")
+        .unwrap();
+    assert_eq!(
+        (delivered.status.as_str(), delivered.reason.as_str()),
+        ("True", "Delivered"),
+        "{delivered:?}"
+    );
+    let bodies = tokio::time::timeout(Duration::from_secs(30), server)
+        .await
+        .unwrap()
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_str(&bodies[1]).unwrap();
+    assert_eq!(body["metadata"]["name"], "notify-me");
+    assert_eq!(body["status"]["phase"], "Succeeded");
+}
+
+#[tokio::test]
+async fn invalid_manifests_are_rejected_with_the_field_named() {
+    let ns = namespace(&client().await, "invalid").await;
+    let path = repo_root().join("examples/invalid-priority.yaml");
+    let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", path.to_str().unwrap()], None);
+    assert!(!ok, "kubectl apply accepted an invalid priority");
+    assert!(
+        err.contains("spec.priority") && err.contains("Urgent"),
+        "{err}"
+    );
+
+    let missing_type = r#"{"apiVersion":"ax.dev/v1alpha1","kind":"AxTask","metadata":{"name":"no-type"},
+        "spec":{"template":{"spec":{"containers":[{"name":"w","image":"x"}]}}}}"#;
+    let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(missing_type));
+    // kubectl's own schema check names it as `missing required field "type" in ….AxTask.spec`.
+    assert!(
+        !ok && err.contains(r#""type""#) && err.contains("AxTask.spec"),
+        "{err}"
+    );
+
+    let bad_numbers = r#"{"apiVersion":"ax.dev/v1alpha1","kind":"AxTask","metadata":{"name":"bad-numbers"},
+        "spec":{"type":"Not_A_Label","timeout":{"hardSeconds":0},"retry":{"maxRetries":-1},
+        "template":{"spec":{"containers":[{"name":"w","image":"x"}]}}}}"#;
+    let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(bad_numbers));
+    assert!(!ok, "accepted");
+    for field in [
+        "spec.type",
+        "spec.timeout.hardSeconds",
+        "spec.retry.maxRetries",
+    ] {
+        assert!(err.contains(field), "{field} not named in: {err}");
+    }
+}
+
+#[tokio::test]
+async fn accepted_but_invalid_spec_goes_dead_without_running() {
+    let client = client().await;
+    let ns = namespace(&client, "invalidspec").await;
+    create(
+        &client,
+        &ns,
+        &example("invalid-timeouts.yaml", "contradictory", |_| {}),
+    )
+    .await;
+    let t = wait_phase(&client, &ns, "contradictory", TaskPhase::Dead, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!(s.reason.as_deref(), Some("InvalidSpec"));
+    assert_eq!(s.attempt, 0, "nothing ran");
+    assert!(s.dead_reason.unwrap().contains("softSeconds"));
+    let events = wait_events(&client, &ns, "contradictory", &["InvalidSpec"]).await;
+    assert!(events.iter().any(
+        |e| e.reason.as_deref() == Some("InvalidSpec") && e.type_.as_deref() == Some("Warning")
+    ));
+    assert!(pods_of(&client, &ns, "contradictory").await.is_empty());
+
+    // A payload over 256 KiB is caught the same way.
+    let big = "x".repeat(300 * 1024);
+    let task = example("hello.yaml", "huge-payload", |v| {
+        v["spec"]["payload"] = serde_json::json!({"blob": big})
+    });
+    create(&client, &ns, &task).await;
+    let t = wait_phase(&client, &ns, "huge-payload", TaskPhase::Dead, LONG).await;
+    assert!(
+        t.status
+            .unwrap()
+            .dead_reason
+            .unwrap()
+            .contains("spec.payload")
+    );
+}
+
+#[tokio::test]
+async fn kubectl_shows_columns_and_explains_fields() {
+    let client = client().await;
+    let ns = namespace(&client, "kubectl").await;
+    create(&client, &ns, &example("hello.yaml", "shown", |_| {})).await;
+    wait_phase(&client, &ns, "shown", TaskPhase::Succeeded, LONG).await;
+    let (ok, out, err) = run_kubectl(&["get", "axtasks", "-n", &ns], None);
+    assert!(ok, "{err}");
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME", "PHASE", "TYPE", "PRIORITY", "ATTEMPT", "WORKER", "AGE"
+        ]
+    );
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..6],
+        ["shown", "Succeeded", "hello", "Normal", "1", "shown-1"]
+    );
+    let (ok, out, _) = run_kubectl(&["get", "axt", "-n", &ns, "-o", "wide"], None);
+    assert!(
+        ok && out.lines().next().unwrap().contains("REASON") && out.contains("NEXT-ATTEMPT"),
+        "{out}"
+    );
+    let (ok, out, _) = run_kubectl(&["get", "ax", "-n", &ns], None);
+    assert!(
+        ok && out.contains("shown"),
+        "category ax lists tasks: {out}"
+    );
+    let (ok, out, err) = run_kubectl(&["explain", "axtask.spec.retry"], None);
+    assert!(ok, "{err}");
+    for field in ["maxRetries", "backoff", "budgetSeconds", "rules"] {
+        assert!(out.contains(field), "explain lacks {field}: {out}");
+    }
+}
