@@ -26,7 +26,7 @@ kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
 kubectl apply -f config/rbac.yaml >/dev/null
 e2e/cluster.sh sa-kubeconfig ax-system ax-operator "$STATE/ax-operator.kubeconfig"
 stop
-KUBECONFIG=$STATE/ax-operator.kubeconfig setsid target/debug/ax-operator --identity local >>"$LOG" 2>&1 &
+KUBECONFIG=$STATE/ax-operator.kubeconfig setsid "${CARGO_TARGET_DIR:-target}/debug/ax-operator" --identity local >>"$LOG" 2>&1 &
 echo $! >"$PIDFILE"
 echo "ax-operator running (pid $(cat "$PIDFILE"), log $LOG)"
 

@@ -79,7 +79,7 @@ kubectl apply -f config/rbac.yaml >/dev/null
 # The operator runs under its own ServiceAccount, so the tests exercise its real RBAC.
 e2e/cluster.sh sa-kubeconfig ax-system ax-operator "$STATE/ax-operator.kubeconfig"
 export AX_OPERATOR_KUBECONFIG=$STATE/ax-operator.kubeconfig
-export AX_OPERATOR_BIN=$ROOT/target/debug/ax-operator
+export AX_OPERATOR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/ax-operator
 start_operator() {
   KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} \
     "$AX_OPERATOR_BIN" --identity e2e >>"$ARTIFACTS/operator.log" 2>&1 &
