@@ -1,8 +1,10 @@
 //! ax: a Kubernetes operator that schedules and supervises tasks.
 //!
 //! `api` holds the custom resource types, `core` every decision as pure functions over plain data,
-//! `controller` the thin reconcilers that read, decide with the core, and write.
+//! `controller` the thin reconcilers that read, decide with the core, and write; `ops` metrics, the
+//! HTTP endpoints and leader election.
 
 pub mod api;
 pub mod controller;
 pub mod core;
+pub mod ops;

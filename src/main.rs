@@ -1,33 +1,54 @@
 //! ax-operator: runs the AxTask controller and the dispatcher against the cluster in KUBECONFIG
-//! (or the in-cluster service account).
+//! (or the in-cluster service account), with leader election, metrics and health endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use ax::controller::run::{Settings, run};
+use ax::ops::http::{self, HttpState};
+use ax::ops::leader::{LEASE_NAME, LeaseSettings, Leadership, Role};
+use ax::ops::metrics::Metrics;
 use clap::Parser;
+use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Parser, Debug)]
-#[command(
-    name = "ax-operator",
-    version,
-    about = "Runs AxTasks as worker pods: queue, dispatch, supervise, retry"
-)]
+#[command(name = "ax-operator", version, about = "Runs AxTasks as worker pods: queue, dispatch, supervise, retry")]
 struct Args {
     /// Maximum number of tasks Scheduled or Running at once.
     #[arg(long, env = "AX_CONCURRENCY", default_value_t = 100)]
     concurrency: usize,
-    /// Log format.
+    /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, env = "AX_LOG_FORMAT", value_parser = ["text", "json"], default_value = "text")]
     log_format: String,
-    /// Name recorded as the actor of transitions (`ax-operator/<identity>`); the pod name in-cluster.
+    /// Name recorded as the actor of transitions (`ax-operator/<identity>`) and held in the Lease;
+    /// the pod name in-cluster. Defaults to the host name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Namespace of the leader-election Lease: the operator's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "ax-system")]
+    namespace: String,
+    /// Compete for the `ax-operator` Lease and reconcile only while holding it.
+    #[arg(long, env = "AX_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// How long the Lease stays valid after its last renewal.
+    #[arg(long, env = "AX_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// How often the leader renews the Lease (less than the duration).
+    #[arg(long, env = "AX_RENEW_INTERVAL_SECONDS", default_value_t = 10)]
+    renew_interval_seconds: u64,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "AX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
     let subscriber = tracing_subscriber::fmt().with_env_filter(filter);
     if args.log_format == "json" {
         subscriber.json().init();
@@ -36,15 +57,62 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     let identity = args
         .identity
+        .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("pid-{}", std::process::id()));
     let client = kube::Client::try_default().await?;
-    run(
-        client,
-        Settings {
-            concurrency: args.concurrency,
-            identity,
-        },
-    )
-    .await
+
+    let metrics = Arc::new(Metrics::new());
+    let http_state = HttpState::new(metrics.clone());
+    let server_state = http_state.clone();
+    let addr = args.metrics_addr;
+    tokio::spawn(async move {
+        if let Err(e) = http::serve(addr, server_state).await {
+            error!(%addr, error = %e, "HTTP server stopped");
+            std::process::exit(1);
+        }
+    });
+    info!(%addr, "serving /metrics, /healthz, /readyz");
+
+    let settings = Settings { concurrency: args.concurrency, identity: identity.clone(), metrics: metrics.clone() };
+    if !args.leader_elect {
+        http_state.set_role_known(true);
+        metrics.set_leader(true);
+        http_state.set_caches_synced(true);
+        return run(client, settings).await;
+    }
+
+    let lease = LeaseSettings {
+        namespace: args.namespace.clone(),
+        lease_name: LEASE_NAME.into(),
+        identity,
+        lease_duration: Duration::from_secs(args.lease_duration_seconds),
+        renew_interval: Duration::from_secs(args.renew_interval_seconds),
+    };
+    let leadership = Leadership::start(client.clone(), lease).await?;
+    let mut roles = leadership.subscribe();
+    let (role_state, role_metrics) = (http_state.clone(), metrics.clone());
+    tokio::spawn(async move {
+        loop {
+            let role = *roles.borrow_and_update();
+            role_state.set_role_known(role != Role::Unknown);
+            role_metrics.set_leader(role == Role::Leader);
+            if roles.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    // A standby has nothing to sync until it leads; it is ready once its role is known.
+    http_state.set_caches_synced(true);
+    info!(namespace = args.namespace, lease = LEASE_NAME, "waiting to become the leader");
+    leadership.acquire().await?;
+    info!("leading: reconciling");
+    tokio::select! {
+        result = run(client, settings) => result,
+        _ = leadership.lost() => {
+            // Stop at once: another replica may already be reconciling. Restarting makes us a standby.
+            error!("lost the lease; exiting");
+            std::process::exit(1);
+        }
+    }
 }

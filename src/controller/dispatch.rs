@@ -77,17 +77,16 @@ async fn dispatch(key: &TaskKey, ctx: &Ctx) -> Result<(), Error> {
         match write_status(&task, &decision.status, ctx).await {
             Ok(written) => {
                 let written = Arc::new(written);
-                if let Some(queued_at) = status.queued_at {
-                    let latency = clock.now.duration_since(queued_at);
-                    debug!(
-                        namespace = key.0,
-                        name = key.1,
-                        latency_ms = latency.as_millis(),
-                        "dispatched"
-                    );
-                }
                 publish_transitions(&written, &decision.transitions, ctx);
-                return create_pod(&written, ctx).await;
+                create_pod(&written, ctx).await?;
+                // Dispatch latency: from eligible (queuedAt) to the worker pod created.
+                if let Some(queued_at) = status.queued_at {
+                    let latency = jiff::Timestamp::now().duration_since(queued_at);
+                    let latency = std::time::Duration::try_from(latency).unwrap_or_default();
+                    ctx.metrics.dispatched(latency);
+                    debug!(namespace = key.0, name = key.1, latency_ms = latency.as_millis(), "dispatched");
+                }
+                return Ok(());
             }
             Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
                 // Our cached copy was stale: dispatch from the current one.

@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 
 use crate::api::AxTask;
 use crate::core::fifo::FifoQueue;
+use crate::ops::metrics::Metrics;
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "ax-operator";
@@ -51,6 +52,7 @@ pub struct Context {
     /// `ax-operator/<pod>`: the actor recorded in history.
     pub operator: String,
     pub callbacks: callback::Callbacks,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Context {

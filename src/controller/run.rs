@@ -2,6 +2,7 @@
 //! dispatcher, running side by side.
 
 use std::collections::HashMap;
+use std::time::Duration;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -18,12 +19,14 @@ use super::{Context, dispatch, task};
 use crate::api::AxTask;
 use crate::core::fifo::FifoQueue;
 use crate::core::worker::LABEL_TASK;
+use crate::ops::metrics::Metrics;
 
 pub struct Settings {
     /// Maximum tasks Scheduled or Running at once.
     pub concurrency: usize,
     /// Who we are, for history entries and Events (`ax-operator/<pod>`).
     pub identity: String,
+    pub metrics: Arc<Metrics>,
 }
 
 pub async fn run(
@@ -64,6 +67,7 @@ pub async fn run(
         dispatch_wanted: Notify::new(),
         operator: format!("ax-operator/{}", settings.identity),
         callbacks: Callbacks::new()?,
+        metrics: settings.metrics.clone(),
     });
 
     let node_task = tokio::spawn(node_watch);
@@ -83,7 +87,29 @@ pub async fn run(
     tokio::select! {
         _ = controller_run => {}
         _ = dispatch::run(ctx.clone()) => {}
+        _ = count_tasks(ctx.clone()) => {}
     }
     node_task.abort();
     Ok(())
+}
+
+/// How often `ax_tasks` and `ax_queue_pending` are recomputed from the cache.
+const COUNT_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps the per-phase task gauges in step with the cache: one pass over it every couple of
+/// seconds, far from any dispatch path.
+async fn count_tasks(ctx: super::Ctx) {
+    let mut tick = tokio::time::interval(COUNT_EVERY);
+    loop {
+        tick.tick().await;
+        let mut counts: HashMap<(String, String, &'static str), usize> = HashMap::new();
+        for task in ctx.tasks.state() {
+            let phase = task.status.as_ref().and_then(|s| s.phase).map_or("New", |p| p.as_str());
+            let key = (task.spec.queue.clone(), task.spec.task_type.clone(), phase);
+            *counts.entry(key).or_default() += 1;
+        }
+        ctx.metrics.set_task_counts(counts);
+        let pending = ctx.queue().pending();
+        ctx.metrics.set_queue_pending([(("default", "All"), pending)]);
+    }
 }

@@ -32,6 +32,7 @@ pub fn clock(ctx: &Ctx) -> Clock<'_> {
 #[tracing::instrument(skip_all, fields(namespace = task.namespace(), name = task.name_any(),
     attempt = task.status.as_ref().map(|s| s.attempt)))]
 pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
+    let _timer = ctx.metrics.reconcile_timer("axtask");
     // A pod missing from an incomplete cache would look deleted: decide only on complete caches.
     let (pods_ready, nodes_ready) = (
         ctx.pods.wait_until_ready().await,
@@ -245,6 +246,7 @@ async fn delete_pod(
 /// Events are a record for people, never on the path that moves a task.
 pub fn publish_transitions(task: &AxTask, transitions: &[HistoryEntry], ctx: &Ctx) {
     for t in transitions {
+        record_metrics(task, t, ctx);
         let warning = matches!(
             t.to,
             TaskPhase::Failed | TaskPhase::TimedOut | TaskPhase::Dead
@@ -262,6 +264,26 @@ pub fn publish_transitions(task: &AxTask, transitions: &[HistoryEntry], ctx: &Ct
             t.message
         );
         publish(task, kind, &t.reason, &note, ctx);
+    }
+}
+
+fn record_metrics(task: &AxTask, t: &HistoryEntry, ctx: &Ctx) {
+    let metrics = &ctx.metrics;
+    let task_type = task.spec.task_type.as_str();
+    metrics.transition(t.from.map_or("New", |p| p.as_str()), t.to.as_str());
+    let status = task.status.as_ref();
+    match t.to {
+        TaskPhase::Pending if t.from.is_some() => {
+            let kind = status.and_then(|s| s.last_failure.as_ref()).map_or("Unknown", |f| f.kind.as_str());
+            metrics.retried(task_type, kind);
+        }
+        TaskPhase::Dead => metrics.dead(task_type, &t.reason),
+        _ => {}
+    }
+    if t.to.is_terminal() {
+        let since = status.and_then(|s| s.history.first()).map_or(t.time, |h| h.time);
+        let took = std::time::Duration::try_from(t.time.duration_since(since)).unwrap_or_default();
+        metrics.task_finished(task_type, t.to.as_str(), took);
     }
 }
 
@@ -284,7 +306,8 @@ fn publish(task: &AxTask, type_: EventType, reason: &str, note: &str, ctx: &Ctx)
     });
 }
 
-pub fn error_policy(task: Arc<AxTask>, error: &Error, _ctx: Ctx) -> Requeue {
+pub fn error_policy(task: Arc<AxTask>, error: &Error, ctx: Ctx) -> Requeue {
+    ctx.metrics.reconcile_error("axtask");
     warn!(namespace = task.namespace(), name = task.name_any(), %error, "reconcile failed");
     Requeue::requeue(Duration::from_secs(2))
 }
