@@ -81,7 +81,7 @@ e2e/cluster.sh sa-kubeconfig ax-system ax-operator "$STATE/ax-operator.kubeconfi
 export AX_OPERATOR_KUBECONFIG=$STATE/ax-operator.kubeconfig
 export AX_OPERATOR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/ax-operator
 start_operator() {
-  KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} \
+  KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} AX_METRICS_ADDR=127.0.0.1:18080 \
     "$AX_OPERATOR_BIN" --identity e2e >>"$ARTIFACTS/operator.log" 2>&1 &
   OPERATOR_PID=$!
 }

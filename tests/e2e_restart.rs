@@ -34,6 +34,7 @@ fn start_operator(tag: &str) -> Child {
         .args(["--identity", tag])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,ax=debug")
+        .env("AX_METRICS_ADDR", "127.0.0.1:0")
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
