@@ -209,8 +209,8 @@ state = "$STATE/containerd/state"
     conf_dir = "$STATE/cni/net.d"
     max_conf_num = 1
 EOF
-  # A plain bridge without masquerading: pods reach each other and the host, nothing else, and
-  # no iptables rules are written.
+  # A plain bridge without masquerading: pods reach each other and the host, nothing else. The
+  # only iptables rules are the kubernetes Service's (ensure_service_vip).
   cat >"$STATE/cni/net.d/10-ax-e2e.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
@@ -380,6 +380,48 @@ clean_host_leftovers() {
     [ -d "$sandbox" ] && rm -f "/var/lib/cni/results/cni-loopback-$(basename "$sandbox")-lo"
   done
   ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+# --- the kubernetes Service ------------------------------------------------------------------
+# There is no kube-proxy, so the `kubernetes` Service's address, which the kubelet hands every pod
+# as KUBERNETES_SERVICE_HOST/PORT, would lead nowhere (or out of the machine by the default route).
+# This does kube-proxy's one job pods here need: connections from the pod bridge to
+# $KUBERNETES_SERVICE_IP:443 are DNATed to the API server on 127.0.0.1, so in-cluster clients (the
+# operator installed by Helm) work while the API server keeps listening on loopback only. The
+# serving certificate already names that address. route_localnet on the bridge (ours alone) lets
+# packets that arrived there be delivered to 127.0.0.1; traffic stays on loopback and the bridge.
+
+# Idempotent: a second `up` finds everything in place and changes nothing.
+ensure_service_vip() {
+  command -v iptables >/dev/null || { say "iptables is not installed (e2e/install.sh installs it)"; return 1; }
+  # The CNI bridge plugin adopts an existing bridge of its name and adds the gateway address.
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add name "$BRIDGE" type bridge || return 1
+  ip link set "$BRIDGE" up || return 1
+  sysctl -qw "net.ipv4.conf.$BRIDGE.route_localnet=1" || return 1
+  iptables -w -t nat -S "$NAT_CHAIN" >/dev/null 2>&1 || iptables -w -t nat -N "$NAT_CHAIN" || return 1
+  local rule=(-s "$POD_SUBNET" -d "$KUBERNETES_SERVICE_IP/32" -p tcp --dport 443
+    -j DNAT --to-destination "127.0.0.1:$APISERVER_PORT")
+  iptables -w -t nat -C "$NAT_CHAIN" "${rule[@]}" 2>/dev/null || iptables -w -t nat -A "$NAT_CHAIN" "${rule[@]}" || return 1
+  iptables -w -t nat -C PREROUTING -i "$BRIDGE" -j "$NAT_CHAIN" 2>/dev/null \
+    || iptables -w -t nat -A PREROUTING -i "$BRIDGE" -j "$NAT_CHAIN" || return 1
+}
+
+service_vip_phase() {
+  mkdir -p "$LOGS"
+  ensure_service_vip >>"$LOGS/service-vip.log" 2>&1 \
+    || up_failed "the kubernetes Service" "could not be routed to the API server" "$LOGS/service-vip.log"
+}
+
+# The NAT rules `up` added; the bridge itself goes with the other host leftovers.
+remove_service_vip() {
+  command -v iptables >/dev/null || return 0
+  while iptables -w -t nat -D PREROUTING -i "$BRIDGE" -j "$NAT_CHAIN" 2>/dev/null; do :; done
+  if iptables -w -t nat -S "$NAT_CHAIN" >/dev/null 2>&1; then
+    if ! { iptables -w -t nat -F "$NAT_CHAIN" && iptables -w -t nat -X "$NAT_CHAIN"; }; then
+      warn "could not remove the iptables chain $NAT_CHAIN"
+    fi
+  fi
+  return 0
 }
 
 # --- images, node, smoke pod -----------------------------------------------------------------
@@ -588,6 +630,12 @@ cmd_up() {
   take_lock
   if [ -d "$STATE" ] && cluster_healthy; then
     say "cluster already up ($STATE)"
+    # Clusters started before the Service was routed get the rules now, without a restart.
+    if ! ensure_service_vip >>"$LOGS/service-vip.log" 2>&1; then
+      UP_REPORTED=1
+      say "cluster up failed: the kubernetes Service could not be routed to the API server (log: $LOGS/service-vip.log)" >&2
+      exit 1
+    fi
     if [ -n "$sim_nodes" ]; then
       ensure_sim "$sim_nodes"
       [ ${#PHASES[@]} -eq 0 ] || print_timings
@@ -601,6 +649,7 @@ cmd_up() {
   run_phase install run_install
   run_phase preflight preflight
   run_phase certs certs
+  run_phase service-vip service_vip_phase
   run_phase etcd ensure_component etcd 60
   run_phase kube-apiserver ensure_component kube-apiserver 120
   run_phase kube-controller-manager ensure_component kube-controller-manager 60
@@ -627,6 +676,7 @@ cmd_down() {
     pid=$(cat "$RUN/$name.pid" 2>/dev/null) && [ -n "$pid" ] && pids+=("$pid")
   done
   stop_components
+  remove_service_vip
   if [ -d "$STATE" ]; then
     clean_host_leftovers
     unmount_under "$STATE" || warn "some mounts under $STATE remain: $(mounts_under "$STATE" | tr '\n' ' ')"

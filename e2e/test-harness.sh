@@ -35,7 +35,10 @@ AX_E2E_KUBELET_HEALTHZ_PORT=$(free_port 20248)
 export AX_E2E_POD_SUBNET=10.245.0.0/16
 export AX_E2E_ETCD_PORT AX_E2E_ETCD_PEER_PORT AX_E2E_APISERVER_PORT AX_E2E_CONTROLLER_MANAGER_PORT \
   AX_E2E_SCHEDULER_PORT AX_E2E_KUBELET_PORT AX_E2E_KUBELET_HEALTHZ_PORT
-CGROUP=ax-e2e-$(printf '%s' "$AX_E2E_DIR" | sha256sum | cut -c1-8)
+STATE_ID=$(printf '%s' "$AX_E2E_DIR" | sha256sum | cut -c1-8)
+CGROUP=ax-e2e-$STATE_ID
+NAT_CHAIN=AX-E2E-$STATE_ID
+BRIDGE=axbr-$STATE_ID
 BLOCKER=
 
 cleanup() {
@@ -153,6 +156,16 @@ test_down_stops_everything() {
   if [ "$(wc -w <<<"$pids")" -ne 5 ]; then
     fail "partial up runs five components" "pids: $pids"
   fi
+  local dnat="-A $NAT_CHAIN -s $AX_E2E_POD_SUBNET -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j DNAT --to-destination 127.0.0.1:$AX_E2E_APISERVER_PORT"
+  if ! iptables -w -t nat -S "$NAT_CHAIN" 2>/dev/null | grep -qxF -- "$dnat"; then
+    fail "up routes the kubernetes Service from the pod bridge to the API server" "$(iptables -w -t nat -S 2>&1)"
+  elif ! iptables -w -t nat -C PREROUTING -i "$BRIDGE" -j "$NAT_CHAIN" 2>/dev/null; then
+    fail "up sends the pod bridge's traffic through $NAT_CHAIN" "$(iptables -w -t nat -S PREROUTING 2>&1)"
+  elif [ "$(sysctl -n "net.ipv4.conf.$BRIDGE.route_localnet" 2>/dev/null)" != 1 ]; then
+    fail "up lets the pod bridge reach 127.0.0.1 (route_localnet)"
+  else
+    pass "up routes the kubernetes Service from the pod bridge to the API server on loopback"
+  fi
   if run_cluster status; then
     fail "status exits non-zero while the kubelet is stopped" "$(cat "$WORK/out")"
   elif ! grep -q '^etcd .*healthy' "$WORK/out"; then
@@ -172,8 +185,10 @@ test_down_stops_everything() {
     fail "after down the cgroup tree is empty and removed" "running: $(cgroup_processes)"
   elif [ -e "$AX_E2E_DIR" ]; then
     fail "down removes the state dir" "$(ls -la "$AX_E2E_DIR")"
+  elif iptables -w -t nat -S 2>/dev/null | grep -qF -- "$NAT_CHAIN" || ip link show "$BRIDGE" >/dev/null 2>&1; then
+    fail "down removes the NAT rules and the pod bridge" "$(iptables -w -t nat -S 2>&1 | grep -F -- "$NAT_CHAIN")"
   else
-    pass "after down no pid from the pid files is alive and the state dir is gone"
+    pass "after down no pid from the pid files is alive; the state dir, NAT rules and bridge are gone"
   fi
   if run_cluster down; then
     pass "down on a stopped cluster succeeds"

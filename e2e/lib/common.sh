@@ -23,6 +23,8 @@ CONTAINERD_SOCK=$STATE/containerd/containerd.sock
 PAUSE_IMAGE=localhost/ax-pause:k8s-$K8S_VERSION
 BUSYBOX_IMAGE=localhost/ax-busybox:1
 NODE_NAME=localhost
+# The first address of kube-apiserver's --service-cluster-ip-range: the `kubernetes` Service.
+KUBERNETES_SERVICE_IP=10.96.0.1
 E2E_NAMESPACE=ax-e2e
 
 # Ports and pod subnet are overridable so the harness's own tests can run beside a live cluster.
@@ -46,6 +48,7 @@ load_settings() {
   CGROUP=ax-e2e-$STATE_ID
   BRIDGE=axbr-$STATE_ID
   CNI_NETWORK=ax-e2e-$STATE_ID
+  NAT_CHAIN=AX-E2E-$STATE_ID
 }
 
 save_settings() {
