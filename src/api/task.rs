@@ -230,8 +230,10 @@ pub struct RetryRule {
 #[serde(rename_all = "camelCase")]
 pub struct ExitCodeMatch {
     pub operator: ExitCodeOperator,
+    /// Exit codes are 32-bit; i64 so any integer the API server accepts still reads (it is then
+    /// simply never matched).
     #[schemars(length(min = 1, max = 255))]
-    pub values: Vec<i32>,
+    pub values: Vec<i64>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

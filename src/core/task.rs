@@ -9,6 +9,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::backoff::retry_delay;
+use super::queue::Outcome;
 use super::worker::{PodPhase, WorkerState, pod_name};
 use crate::api::{
     AxTaskSpec, AxTaskStatus, Condition, ExitCodeOperator, Failure, FailureKind, HistoryEntry,
@@ -689,7 +690,7 @@ pub fn classify(rules: &[RetryRule], w: &WorkerState, attempt: i32) -> Failure {
 }
 
 fn rule_matches(rule: &RetryRule, code: i32) -> bool {
-    let listed = rule.on_exit_codes.values.contains(&code);
+    let listed = rule.on_exit_codes.values.contains(&i64::from(code));
     match rule.on_exit_codes.operator {
         ExitCodeOperator::In => listed,
         ExitCodeOperator::NotIn => !listed,
@@ -870,9 +871,16 @@ fn set_conditions(status: &mut AxTaskStatus, now: Timestamp, generation: Option<
             };
             ("False", why, "waiting for nextAttemptAt".to_string())
         }
-        TaskPhase::Pending => ("True", "Waiting", "waiting for dispatch".to_string()),
+        TaskPhase::Pending => match queued_condition(status) {
+            // What holds a queued task is the dispatcher's to say (see `held`): keep its word.
+            Some(c) if c.status == "True" && HELD_REASONS.contains(&c.reason.as_str()) => {
+                ("True", held_reason_str(&c.reason), c.message.clone())
+            }
+            _ => ("True", "Waiting", "waiting for dispatch".to_string()),
+        },
         p => ("False", p.as_str(), String::new()),
     };
+    let held_by_circuit = queued == "True" && queued_reason == "CircuitOpen";
     set_condition(
         status,
         "Queued",
@@ -882,6 +890,114 @@ fn set_conditions(status: &mut AxTaskStatus, now: Timestamp, generation: Option<
         now,
         generation,
     );
+    if !held_by_circuit {
+        release_circuit_condition(status, now, generation);
+    }
+}
+
+/// Reasons of the `Queued` condition of an eligible Pending task that the dispatcher sets.
+pub const HELD_REASONS: [&str; 7] = [
+    "ConcurrencyLimit",
+    "TypeConcurrencyLimit",
+    "RetryRateLimited",
+    "CircuitOpen",
+    "Waiting",
+    "QueueNotFound",
+    "QueueInvalid",
+];
+
+fn held_reason_str(reason: &str) -> &'static str {
+    HELD_REASONS
+        .iter()
+        .find(|held| **held == reason)
+        .copied()
+        .unwrap_or("Waiting")
+}
+
+fn queued_condition(status: &AxTaskStatus) -> Option<&Condition> {
+    status.conditions.iter().find(|c| c.type_ == "Queued")
+}
+
+/// A `CircuitOpen` condition that is true turns false: the task is no longer held by a circuit.
+fn release_circuit_condition(status: &mut AxTaskStatus, now: Timestamp, generation: Option<i64>) {
+    let open = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "CircuitOpen" && c.status == "True");
+    if open {
+        set_condition(
+            status,
+            "CircuitOpen",
+            "False",
+            "NotHeld",
+            "no longer held by an open circuit",
+            now,
+            generation,
+        );
+    }
+}
+
+/// Records why the dispatcher holds an eligible Pending task: the `Queued` condition's reason (one
+/// of [`HELD_REASONS`]) and, for `CircuitOpen`, a true `CircuitOpen` condition naming the type.
+/// `None` when nothing would change (same reasons; messages alone are not worth a write) or the task
+/// is not an eligible Pending task.
+pub fn held(
+    status: &AxTaskStatus,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Option<AxTaskStatus> {
+    let eligible = status.phase == Some(TaskPhase::Pending)
+        && status.next_attempt_at.is_none_or(|at| at <= now);
+    if !eligible || !HELD_REASONS.contains(&reason) {
+        return None;
+    }
+    let circuit = reason == "CircuitOpen";
+    let circuit_now = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "CircuitOpen" && c.status == "True");
+    let unchanged = queued_condition(status)
+        .is_some_and(|c| c.status == "True" && c.reason == reason)
+        && circuit_now == circuit;
+    if unchanged {
+        return None;
+    }
+    let mut s = status.clone();
+    let generation = s.observed_generation;
+    set_condition(&mut s, "Queued", "True", reason, message, now, generation);
+    if circuit {
+        set_condition(&mut s, "CircuitOpen", "True", "CircuitOpen", message, now, generation);
+    } else {
+        release_circuit_condition(&mut s, now, generation);
+    }
+    Some(s)
+}
+
+/// How the attempt in flight ended in this decision, as the queue's circuit breaker sees it; `None`
+/// when no attempt ended. A success or a failure of the worker counts; an attempt that ended for a
+/// reason saying nothing about its type (canceled, infrastructure) is `Aborted`.
+pub fn attempt_outcome(d: &Decision) -> Option<Outcome> {
+    let ended = d
+        .transitions
+        .iter()
+        .find(|t| t.from.is_some_and(TaskPhase::has_worker) && !t.to.has_worker())?;
+    Some(match ended.to {
+        TaskPhase::Succeeded => Outcome::Succeeded,
+        TaskPhase::Failed | TaskPhase::TimedOut => {
+            let infrastructure = d
+                .status
+                .last_failure
+                .as_ref()
+                .is_some_and(|f| f.attempt == ended.attempt && f.kind == FailureKind::Infrastructure);
+            if infrastructure {
+                Outcome::Aborted
+            } else {
+                Outcome::Failed
+            }
+        }
+        _ => Outcome::Aborted,
+    })
 }
 
 /// Sets a condition; `lastTransitionTime` moves only when its status value changes.

@@ -51,7 +51,7 @@ fn spec() -> AxTaskSpec {
     .expect("valid spec")
 }
 
-fn rule(operator: ExitCodeOperator, values: &[i32], action: RuleAction) -> RetryRule {
+fn rule(operator: ExitCodeOperator, values: &[i64], action: RuleAction) -> RetryRule {
     RetryRule {
         on_exit_codes: ExitCodeMatch {
             operator,
@@ -2020,7 +2020,7 @@ fn arb_phase() -> impl Strategy<Value = TaskPhase> {
 fn arb_rule() -> impl Strategy<Value = RetryRule> {
     (
         prop_oneof![Just(ExitCodeOperator::In), Just(ExitCodeOperator::NotIn)],
-        prop::collection::vec(0i32..5, 1..3),
+        prop::collection::vec(0i64..5, 1..3),
         prop_oneof![
             Just(RuleAction::Retry),
             Just(RuleAction::Dead),
