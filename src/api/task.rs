@@ -230,8 +230,8 @@ pub struct RetryRule {
 #[serde(rename_all = "camelCase")]
 pub struct ExitCodeMatch {
     pub operator: ExitCodeOperator,
-    /// Exit codes are 32-bit; i64 so any integer the API server accepts still reads (it is then
-    /// simply never matched).
+    /// Container exit codes to match.
+    // 64-bit so any integer the API server accepts still deserializes (and simply never matches).
     #[schemars(length(min = 1, max = 255))]
     pub values: Vec<i64>,
 }
