@@ -1,7 +1,9 @@
 //! Custom resource types: the contract users see. No logic beyond defaults lives here.
 
+pub mod dag;
 pub mod task;
 
+pub use dag::*;
 pub use task::*;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -1,10 +1,13 @@
 //! Prints the CustomResourceDefinitions of ax as YAML, or writes one file each into a directory.
 
-use ax::api::AxTask;
+use ax::api::{AxDag, AxTask};
 use kube::CustomResourceExt;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let crds = [("axtasks.yaml", AxTask::crd())];
+    let crds = [
+        ("axtasks.yaml", AxTask::crd()),
+        ("axdags.yaml", AxDag::crd()),
+    ];
     match std::env::args().nth(1) {
         Some(dir) => {
             for (file, crd) in crds {

@@ -88,6 +88,7 @@ pub async fn run(
         _ = controller_run => {}
         _ = dispatch::run(ctx.clone()) => {}
         _ = count_tasks(ctx.clone()) => {}
+        _ = super::dag::run(client.clone(), ctx.recorder.clone(), ctx.metrics.clone()) => {}
     }
     node_task.abort();
     Ok(())

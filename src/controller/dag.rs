@@ -1,0 +1,750 @@
+//! The AxDag reconciler: read the DAG and its children from the caches, decide with `core::dag`,
+//! create and cancel children, write the status when it changed.
+//!
+//! Woken by the DAG's own changes and by its children's (an informer on AxTasks labelled
+//! `ax.dev/dag`), never by polling.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{debug, info, warn};
+
+use super::{Error, FIELD_MANAGER, Result};
+use crate::api::{
+    AxDag, AxDagStatus, AxTask, Condition, DagNodePhase, DagNodeStatus, DagPhase, FailurePolicy,
+    LABEL_DAG, LABEL_DAG_TASK, TaskPhase,
+};
+use crate::core::dag::{self as core, ChildPhase, DagNode, Evaluation, NodePhase};
+use crate::ops::metrics::Metrics;
+
+/// How long a child this process created counts as existing while the cache has not shown it yet.
+/// Long enough for any watch lag; short enough that a child deleted before the cache ever saw it
+/// is created again soon.
+const EXPECTATION_TTL: Duration = Duration::from_secs(60);
+
+/// How soon to look again when a child's name is taken by an object this DAG does not own.
+const NAME_TAKEN_RETRY: Duration = Duration::from_secs(30);
+
+pub struct DagContext {
+    pub client: Client,
+    pub recorder: Recorder,
+    /// Every AxTask labelled `ax.dev/dag`.
+    pub children: Store<AxTask>,
+    pub metrics: Arc<Metrics>,
+    /// Per DAG uid, the children (by task name) this process created and the cache has not shown
+    /// yet, with when they were created. Without it a reconcile on a lagging cache would count
+    /// fewer children at work than there are, and exceed `parallelism`.
+    expected: Mutex<HashMap<String, HashMap<String, Instant>>>,
+}
+
+impl DagContext {
+    fn expected(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, Instant>>> {
+        self.expected
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+type DagCtx = Arc<DagContext>;
+
+/// The `controller` label of the reconcile metrics.
+const CONTROLLER: &str = "axdag";
+
+/// Runs the AxDag controller until a shutdown signal.
+pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
+    let dags: Api<AxDag> = Api::all(client.clone());
+    let tasks: Api<AxTask> = Api::all(client.clone());
+    let (children, children_writer) = reflector::store();
+    let child_events = reflector::reflector(
+        children_writer,
+        watcher(tasks, watcher::Config::default().labels(LABEL_DAG)).default_backoff(),
+    )
+    .touched_objects();
+    let controller = Controller::new(dags, watcher::Config::default())
+        .owns_stream(child_events)
+        .shutdown_on_signal();
+    let ctx = Arc::new(DagContext {
+        client,
+        recorder,
+        children,
+        metrics,
+        expected: Mutex::new(HashMap::new()),
+    });
+    info!("AxDag controller running");
+    controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                debug!(error = %e, "dag reconcile");
+            }
+        })
+        .await;
+}
+
+#[tracing::instrument(skip_all, fields(namespace = dag.namespace(), name = dag.name_any()))]
+pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
+    let _timer = ctx.metrics.reconcile_timer(CONTROLLER);
+    // A child missing from an incomplete cache would be created again: decide on a complete one.
+    if ctx.children.wait_until_ready().await.is_err() {
+        return Ok(Requeue::requeue(Duration::from_secs(1)));
+    }
+    if dag.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the children through their owner references.
+        return Ok(Requeue::await_change());
+    }
+    let uid = dag.uid().ok_or(Error::Incomplete("uid"))?;
+    let before = dag.status.clone().unwrap_or_default();
+    let children = owned_children(&dag, &uid, &ctx);
+
+    let spec_nodes: Vec<DagNode> = dag
+        .spec
+        .tasks
+        .iter()
+        .map(|task| DagNode {
+            name: task.name.clone(),
+            depends_on: task.depends_on.clone(),
+        })
+        .collect();
+    let graph = match core::validate(&dag.name_any(), &spec_nodes) {
+        Ok(graph) => graph,
+        Err(error) => {
+            if dag.spec.cancel {
+                cancel_children(&dag, children.keys(), &children, &ctx).await?;
+            }
+            let status = invalid_status(&dag, &before, &error.to_string());
+            return write_and_publish(&dag, &before, status, &ctx).await;
+        }
+    };
+
+    let mut phases = child_phases(&children);
+    let now = Instant::now();
+    let waiting_for_cache = apply_expectations(&uid, &children, &mut phases, now, &ctx);
+    remember_finished_children(&before, &mut phases);
+
+    let policy = match dag.spec.failure_policy {
+        FailurePolicy::FailFast => core::FailurePolicy::FailFast,
+        FailurePolicy::ContinueIndependent => core::FailurePolicy::ContinueIndependent,
+    };
+    let parallelism = dag
+        .spec
+        .parallelism
+        .map(|limit| u32::try_from(limit).unwrap_or(0));
+    let mut evaluation = core::evaluate(&graph, &phases, policy, parallelism, dag.spec.cancel);
+
+    let mut name_taken = false;
+    if !evaluation.create.is_empty() {
+        for task in &evaluation.create {
+            match create_child(&dag, &uid, &graph.child_name(task), task, &ctx).await? {
+                Created::Yes => {
+                    ctx.expected()
+                        .entry(uid.clone())
+                        .or_default()
+                        .insert(task.clone(), Instant::now());
+                    phases.insert(task.clone(), ChildPhase::Pending);
+                }
+                Created::NameTaken => name_taken = true,
+            }
+        }
+        // The status reports the children just created.
+        evaluation = core::evaluate(&graph, &phases, policy, parallelism, dag.spec.cancel);
+    }
+    cancel_children(&dag, evaluation.cancel.iter(), &children, &ctx).await?;
+
+    let status = graph_status(&graph, &dag, &before, &evaluation);
+    let requeue = write_and_publish(&dag, &before, status, &ctx).await?;
+    Ok(if name_taken {
+        Requeue::requeue(NAME_TAKEN_RETRY)
+    } else if waiting_for_cache {
+        // A child created but never seen (deleted at once): look again when its expectation ends.
+        Requeue::requeue(EXPECTATION_TTL)
+    } else {
+        requeue
+    })
+}
+
+/// The children of this DAG in the cache, by task name: AxTasks in its namespace whose controller
+/// is this DAG (by uid, so the children of an older DAG of the same name do not count).
+fn owned_children(dag: &AxDag, uid: &str, ctx: &DagCtx) -> HashMap<String, Arc<AxTask>> {
+    let namespace = dag.namespace();
+    let prefix = format!("{}-", dag.name_any());
+    ctx.children
+        .state()
+        .into_iter()
+        .filter(|child| child.namespace() == namespace && is_controlled_by(child, uid))
+        .filter_map(|child| {
+            let task = match child.labels().get(LABEL_DAG_TASK) {
+                Some(task) => task.clone(),
+                None => child.name_any().strip_prefix(&prefix)?.to_owned(),
+            };
+            Some((task, child))
+        })
+        .collect()
+}
+
+fn is_controlled_by(child: &AxTask, uid: &str) -> bool {
+    child
+        .owner_references()
+        .iter()
+        .any(|owner| owner.uid == uid && owner.controller == Some(true))
+}
+
+fn child_phases(children: &HashMap<String, Arc<AxTask>>) -> HashMap<String, ChildPhase> {
+    children
+        .iter()
+        .map(|(task, child)| {
+            let phase = child.status.as_ref().and_then(|s| s.phase);
+            (task.clone(), child_phase(phase))
+        })
+        .collect()
+}
+
+/// A child the task controller has not seen yet is Pending.
+fn child_phase(phase: Option<TaskPhase>) -> ChildPhase {
+    match phase {
+        None | Some(TaskPhase::Pending) => ChildPhase::Pending,
+        Some(TaskPhase::Scheduled) => ChildPhase::Scheduled,
+        Some(TaskPhase::Running) => ChildPhase::Running,
+        Some(TaskPhase::Succeeded) => ChildPhase::Succeeded,
+        Some(TaskPhase::Failed) => ChildPhase::Failed,
+        Some(TaskPhase::TimedOut) => ChildPhase::TimedOut,
+        Some(TaskPhase::Dead) => ChildPhase::Dead,
+        Some(TaskPhase::Canceled) => ChildPhase::Canceled,
+    }
+}
+
+/// Counts children this process created but the cache has not shown as Pending, and forgets those
+/// the cache now has or that are too old. Also forgets DAGs whose expectations all ended, so the
+/// map does not keep deleted DAGs. Returns whether this DAG still waits for one.
+fn apply_expectations(
+    uid: &str,
+    children: &HashMap<String, Arc<AxTask>>,
+    phases: &mut HashMap<String, ChildPhase>,
+    now: Instant,
+    ctx: &DagCtx,
+) -> bool {
+    let mut expected = ctx.expected();
+    expected.retain(|dag_uid, tasks| {
+        tasks.retain(|task, created| {
+            let seen = dag_uid == uid && children.contains_key(task);
+            !seen && now.duration_since(*created) < EXPECTATION_TTL
+        });
+        !tasks.is_empty()
+    });
+    let Some(tasks) = expected.get(uid) else {
+        return false;
+    };
+    for task in tasks.keys() {
+        phases.entry(task.clone()).or_insert(ChildPhase::Pending);
+    }
+    true
+}
+
+/// A child that finished and was deleted since (e.g. by its `ttlSecondsAfterFinished`) keeps the
+/// phase the status recorded, so it is not run again.
+fn remember_finished_children(before: &AxDagStatus, phases: &mut HashMap<String, ChildPhase>) {
+    for (task, node) in &before.nodes {
+        let recorded = match node.phase {
+            DagNodePhase::Succeeded => ChildPhase::Succeeded,
+            DagNodePhase::Dead => ChildPhase::Dead,
+            DagNodePhase::Canceled => ChildPhase::Canceled,
+            _ => continue,
+        };
+        if node.task.is_some() {
+            phases.entry(task.clone()).or_insert(recorded);
+        }
+    }
+}
+
+enum Created {
+    /// Created now, or it already existed as this DAG's child.
+    Yes,
+    /// An object this DAG does not control has the child's name.
+    NameTaken,
+}
+
+async fn create_child(
+    dag: &AxDag,
+    uid: &str,
+    child_name: &str,
+    task: &str,
+    ctx: &DagCtx,
+) -> Result<Created> {
+    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let Some(spec) = dag.spec.tasks.iter().find(|t| t.name == task) else {
+        return Err(Error::Incomplete("task in spec"));
+    };
+    let mut child = AxTask::new(child_name, spec.spec.clone());
+    child.metadata.namespace = Some(namespace.clone());
+    child.metadata.labels = Some(BTreeMap::from([
+        (LABEL_DAG.to_owned(), dag.name_any()),
+        (LABEL_DAG_TASK.to_owned(), task.to_owned()),
+    ]));
+    child.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: AxDag::api_version(&()).into_owned(),
+        kind: AxDag::kind(&()).into_owned(),
+        name: dag.name_any(),
+        uid: uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.create(&params, &child).await {
+        Ok(_) => {
+            debug!(child = child_name, "child created");
+            Ok(Created::Yes)
+        }
+        // Created before (by an earlier run of the operator, or by this one on a lagging cache).
+        Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(child_name).await? {
+            Some(existing) if is_controlled_by(&existing, uid) => Ok(Created::Yes),
+            // Deleted in between: the next reconcile creates it.
+            None => Ok(Created::Yes),
+            Some(_) => {
+                publish(
+                    dag,
+                    EventType::Warning,
+                    "ChildNameTaken",
+                    &format!("AxTask {child_name} exists and does not belong to this DAG"),
+                    ctx,
+                );
+                Ok(Created::NameTaken)
+            }
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Sets `spec.cancel` on each listed child that exists and is not canceled already.
+async fn cancel_children<'a>(
+    dag: &AxDag,
+    tasks: impl Iterator<Item = &'a String>,
+    children: &HashMap<String, Arc<AxTask>>,
+    ctx: &DagCtx,
+) -> Result<()> {
+    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
+    let patch = Patch::Merge(serde_json::json!({"spec": {"cancel": true}}));
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    for task in tasks {
+        let Some(child) = children.get(task) else {
+            // Created a moment ago: the cache will show it and the next reconcile cancels it.
+            continue;
+        };
+        let terminal = child
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(TaskPhase::is_terminal);
+        if child.spec.cancel || terminal {
+            continue;
+        }
+        match api.patch(&child.name_any(), &params, &patch).await {
+            Ok(_) => debug!(child = child.name_any(), "child canceled"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn graph_status(
+    graph: &core::Graph,
+    dag: &AxDag,
+    before: &AxDagStatus,
+    evaluation: &Evaluation,
+) -> AxDagStatus {
+    let now = Timestamp::now();
+    let nodes: BTreeMap<String, DagNodeStatus> = evaluation
+        .nodes
+        .iter()
+        .map(|node| {
+            let has_child = !matches!(node.phase, NodePhase::NotStarted | NodePhase::Skipped);
+            let status = DagNodeStatus {
+                phase: node_phase(node.phase),
+                task: has_child.then(|| graph.child_name(&node.name)),
+            };
+            (node.name.clone(), status)
+        })
+        .collect();
+    let phase = dag_phase(evaluation.phase);
+    let any_child = nodes.values().any(|node| node.task.is_some());
+    let generation = dag.metadata.generation;
+    let (ready_reason, ready_message) = ready_reason(phase, evaluation);
+    let conditions = vec![
+        condition(
+            before,
+            "Ready",
+            phase == DagPhase::Succeeded,
+            ready_reason,
+            &ready_message,
+            generation,
+        ),
+        condition(before, "InvalidSpec", false, "Valid", "", generation),
+    ];
+    AxDagStatus {
+        phase: Some(phase),
+        nodes,
+        progress: Some(evaluation.progress()),
+        started_at: before.started_at.or(any_child.then_some(now)),
+        finished_at: finished_at(phase, before, now),
+        conditions,
+        observed_generation: generation,
+    }
+}
+
+fn invalid_status(dag: &AxDag, before: &AxDagStatus, message: &str) -> AxDagStatus {
+    let generation = dag.metadata.generation;
+    let now = Timestamp::now();
+    AxDagStatus {
+        phase: Some(DagPhase::Failed),
+        nodes: BTreeMap::new(),
+        progress: Some(format!("0/{}", dag.spec.tasks.len())),
+        started_at: before.started_at,
+        finished_at: finished_at(DagPhase::Failed, before, now),
+        conditions: vec![
+            condition(
+                before,
+                "Ready",
+                false,
+                "InvalidSpec",
+                "the DAG cannot run",
+                generation,
+            ),
+            condition(
+                before,
+                "InvalidSpec",
+                true,
+                "InvalidSpec",
+                message,
+                generation,
+            ),
+        ],
+        observed_generation: generation,
+    }
+}
+
+/// Set once when the phase becomes terminal; cleared if it leaves it (a child retried by hand).
+fn finished_at(phase: DagPhase, before: &AxDagStatus, now: Timestamp) -> Option<Timestamp> {
+    let was_terminal = before.phase.is_some_and(DagPhase::is_terminal);
+    match (phase.is_terminal(), was_terminal) {
+        (true, true) => before.finished_at.or(Some(now)),
+        (true, false) => Some(now),
+        (false, _) => None,
+    }
+}
+
+/// Why the DAG is (not) Ready, naming the tasks that failed it (a few of them).
+fn ready_reason(phase: DagPhase, evaluation: &Evaluation) -> (&'static str, String) {
+    let named = |wanted: NodePhase| -> Vec<&str> {
+        evaluation
+            .nodes
+            .iter()
+            .filter(|node| node.phase == wanted)
+            .map(|node| node.name.as_str())
+            .collect()
+    };
+    let message = match phase {
+        DagPhase::Succeeded => format!("all {} tasks succeeded", evaluation.total),
+        DagPhase::Pending | DagPhase::Running => {
+            format!(
+                "{} of {} tasks finished",
+                evaluation.finished, evaluation.total
+            )
+        }
+        DagPhase::Failed | DagPhase::Canceled => {
+            let parts: Vec<String> = [
+                ("dead", NodePhase::Dead),
+                ("canceled", NodePhase::Canceled),
+                ("skipped", NodePhase::Skipped),
+            ]
+            .into_iter()
+            .filter_map(|(label, wanted)| {
+                let tasks = named(wanted);
+                (!tasks.is_empty()).then(|| format!("{label}: {}", short_list(&tasks)))
+            })
+            .collect();
+            parts.join("; ")
+        }
+    };
+    (phase.as_str(), message)
+}
+
+fn short_list(tasks: &[&str]) -> String {
+    const SHOWN: usize = 10;
+    let mut list = tasks
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if tasks.len() > SHOWN {
+        list.push_str(&format!(" and {} more", tasks.len() - SHOWN));
+    }
+    list
+}
+
+/// A condition, keeping its lastTransitionTime while its status does not change.
+fn condition(
+    before: &AxDagStatus,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let last_transition_time = before
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+fn node_phase(phase: NodePhase) -> DagNodePhase {
+    match phase {
+        NodePhase::NotStarted => DagNodePhase::NotStarted,
+        NodePhase::Pending => DagNodePhase::Pending,
+        NodePhase::Scheduled => DagNodePhase::Scheduled,
+        NodePhase::Running => DagNodePhase::Running,
+        NodePhase::Succeeded => DagNodePhase::Succeeded,
+        NodePhase::Failed => DagNodePhase::Failed,
+        NodePhase::TimedOut => DagNodePhase::TimedOut,
+        NodePhase::Dead => DagNodePhase::Dead,
+        NodePhase::Canceled => DagNodePhase::Canceled,
+        NodePhase::Skipped => DagNodePhase::Skipped,
+    }
+}
+
+fn dag_phase(phase: core::DagPhase) -> DagPhase {
+    match phase {
+        core::DagPhase::Pending => DagPhase::Pending,
+        core::DagPhase::Running => DagPhase::Running,
+        core::DagPhase::Succeeded => DagPhase::Succeeded,
+        core::DagPhase::Failed => DagPhase::Failed,
+        core::DagPhase::Canceled => DagPhase::Canceled,
+    }
+}
+
+/// Writes the status if it changed, then publishes an Event if the phase changed.
+async fn write_and_publish(
+    dag: &AxDag,
+    before: &AxDagStatus,
+    status: AxDagStatus,
+    ctx: &DagCtx,
+) -> Result<Requeue> {
+    if *before == status {
+        return Ok(Requeue::await_change());
+    }
+    match write_status(dag, &status, ctx).await {
+        Ok(()) => {}
+        Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 || e.code == 404 => {
+            // A newer version of the DAG (often our own last write) is on its way through the
+            // watch and will be reconciled then; or the DAG is gone.
+            debug!("dag status write conflicted; waiting for the newer version");
+            return Ok(Requeue::await_change());
+        }
+        Err(e) => return Err(e),
+    }
+    if before.phase != status.phase
+        && let Some(phase) = status.phase
+    {
+        publish_phase(dag, before.phase, phase, &status, ctx);
+    }
+    Ok(Requeue::await_change())
+}
+
+/// Server-side apply of the whole status under the operator's field manager; the resourceVersion
+/// makes it conditional, so a decision taken on a stale copy never overwrites newer state.
+async fn write_status(dag: &AxDag, status: &AxDagStatus, ctx: &DagCtx) -> Result<()> {
+    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxDag> = Api::namespaced(ctx.client.clone(), &namespace);
+    let patch = serde_json::json!({
+        "apiVersion": AxDag::api_version(&()),
+        "kind": AxDag::kind(&()),
+        "metadata": { "name": dag.name_any(), "resourceVersion": dag.resource_version() },
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch_status(&dag.name_any(), &params, &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+fn publish_phase(
+    dag: &AxDag,
+    from: Option<DagPhase>,
+    to: DagPhase,
+    status: &AxDagStatus,
+    ctx: &DagCtx,
+) {
+    let invalid = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "InvalidSpec" && c.status == "True");
+    let (type_, reason, detail) = match (to, invalid) {
+        (DagPhase::Failed, Some(invalid)) => {
+            (EventType::Warning, "InvalidSpec", invalid.message.clone())
+        }
+        _ => {
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+            let kind = if to == DagPhase::Failed {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            (
+                kind,
+                to.as_str(),
+                ready.map(|c| c.message.clone()).unwrap_or_default(),
+            )
+        }
+    };
+    let note = format!(
+        "{} -> {to} ({}): {detail}",
+        from.map_or("New", DagPhase::as_str),
+        status.progress.as_deref().unwrap_or("")
+    );
+    publish(dag, type_, reason, &note, ctx);
+}
+
+/// Events are a record for people, sent in the background, never on the path that moves a DAG.
+fn publish(dag: &AxDag, type_: EventType, reason: &str, note: &str, ctx: &DagCtx) {
+    let recorder = ctx.recorder.clone();
+    let reference = dag.object_ref(&());
+    // The events API limits a note to 1 KiB.
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            debug!(error = %e, "publishing event failed");
+        }
+    });
+}
+
+pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: DagCtx) -> Requeue {
+    ctx.metrics.reconcile_error(CONTROLLER);
+    warn!(namespace = dag.namespace(), name = dag.name_any(), %error, "dag reconcile failed");
+    Requeue::requeue(Duration::from_secs(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(phase: DagNodePhase, task: Option<&str>) -> DagNodeStatus {
+        DagNodeStatus {
+            phase,
+            task: task.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn finished_children_deleted_since_keep_their_recorded_phase() {
+        let before = AxDagStatus {
+            nodes: BTreeMap::from([
+                ("a".to_owned(), node(DagNodePhase::Succeeded, Some("d-a"))),
+                ("b".to_owned(), node(DagNodePhase::Running, Some("d-b"))),
+                ("c".to_owned(), node(DagNodePhase::Skipped, None)),
+                ("e".to_owned(), node(DagNodePhase::Dead, Some("d-e"))),
+            ]),
+            ..Default::default()
+        };
+        let mut phases = HashMap::from([("e".to_owned(), ChildPhase::Pending)]);
+        remember_finished_children(&before, &mut phases);
+        // a finished and is gone: remembered. b was running and is gone: created again.
+        // c never had a child. e exists again (retried by hand): its real phase wins.
+        assert_eq!(
+            phases,
+            HashMap::from([
+                ("a".to_owned(), ChildPhase::Succeeded),
+                ("e".to_owned(), ChildPhase::Pending),
+            ])
+        );
+    }
+
+    #[test]
+    fn finished_at_is_set_once_and_cleared_when_the_dag_runs_again() {
+        let t0 = Timestamp::UNIX_EPOCH;
+        let t1 = t0 + jiff::SignedDuration::from_secs(5);
+        let running = AxDagStatus {
+            phase: Some(DagPhase::Running),
+            ..Default::default()
+        };
+        assert_eq!(finished_at(DagPhase::Failed, &running, t0), Some(t0));
+        let failed = AxDagStatus {
+            phase: Some(DagPhase::Failed),
+            finished_at: Some(t0),
+            ..Default::default()
+        };
+        assert_eq!(finished_at(DagPhase::Failed, &failed, t1), Some(t0));
+        assert_eq!(finished_at(DagPhase::Running, &failed, t1), None);
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_while_unchanged() {
+        let first = condition(
+            &AxDagStatus::default(),
+            "Ready",
+            false,
+            "Running",
+            "",
+            Some(1),
+        );
+        let before = AxDagStatus {
+            conditions: vec![first.clone()],
+            ..Default::default()
+        };
+        let same = condition(&before, "Ready", false, "Running", "1 of 2", Some(1));
+        assert_eq!(same.last_transition_time, first.last_transition_time);
+        let flipped = condition(&before, "Ready", true, "Succeeded", "", Some(1));
+        assert_eq!(flipped.status, "True");
+    }
+
+    #[test]
+    fn a_child_not_seen_by_the_task_controller_is_pending() {
+        assert_eq!(child_phase(None), ChildPhase::Pending);
+        assert_eq!(child_phase(Some(TaskPhase::Dead)), ChildPhase::Dead);
+    }
+
+    #[test]
+    fn long_lists_are_shortened() {
+        let tasks: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+        let refs: Vec<&str> = tasks.iter().map(String::as_str).collect();
+        assert_eq!(
+            short_list(&refs),
+            "t0, t1, t2, t3, t4, t5, t6, t7, t8, t9 and 2 more"
+        );
+        assert_eq!(short_list(&refs[..2]), "t0, t1");
+    }
+}

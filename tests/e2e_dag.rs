@@ -1,0 +1,568 @@
+//! AxDag on the real cluster, driven through the API server with the operator started by
+//! e2e/run-tests.sh: the children are real AxTasks on the real kubelet (or on simulated nodes for
+//! the large DAG).
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ax::api::{AxDag, AxTask, DagNodePhase, DagPhase, TaskPhase};
+use common::*;
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+/// A DAG manifest from examples/, renamed; `edit` adjusts it for the test.
+fn dag_example(file: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> AxDag {
+    let path = repo_root().join("examples").join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("example is YAML");
+    value["metadata"]["name"] = name.into();
+    edit(&mut value);
+    serde_json::from_value(value).expect("example is an AxDag")
+}
+
+async fn create_dag(client: &Client, ns: &str, dag: &AxDag) {
+    let api: Api<AxDag> = Api::namespaced(client.clone(), ns);
+    api.create(&PostParams::default(), dag)
+        .await
+        .expect("create dag");
+}
+
+fn dag_phase(dag: &AxDag) -> Option<DagPhase> {
+    dag.status.as_ref().and_then(|s| s.phase)
+}
+
+/// Polls until `done` holds for the DAG, or panics after `timeout` showing its last status.
+async fn wait_dag(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+    done: impl Fn(&AxDag) -> bool,
+) -> AxDag {
+    let api: Api<AxDag> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let dag = api.get_opt(name).await.expect("get dag");
+        if let Some(d) = &dag
+            && done(d)
+        {
+            return d.clone();
+        }
+        if Instant::now() > deadline {
+            let status = dag.map(|d| serde_yaml::to_string(&d.status).unwrap_or_default());
+            panic!(
+                "dag {ns}/{name}: condition not met within {timeout:?}; last status:\n{}",
+                status.unwrap_or_else(|| "(dag gone)".into())
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn wait_dag_phase(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    want: DagPhase,
+    timeout: Duration,
+) -> AxDag {
+    wait_dag(client, ns, name, timeout, |d| dag_phase(d) == Some(want)).await
+}
+
+/// The DAG's children by task name (from the `ax.dev/dag-task` label).
+async fn children(client: &Client, ns: &str, dag: &str) -> BTreeMap<String, AxTask> {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default().labels(&format!("ax.dev/dag={dag}")))
+        .await
+        .expect("list children")
+        .items
+        .into_iter()
+        .map(|child| {
+            let task = child.labels()["ax.dev/dag-task"].clone();
+            (task, child)
+        })
+        .collect()
+}
+
+fn node_phases(dag: &AxDag) -> BTreeMap<String, DagNodePhase> {
+    dag.status
+        .as_ref()
+        .map(|s| {
+            s.nodes
+                .iter()
+                .map(|(task, node)| (task.clone(), node.phase))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn condition<'a>(dag: &'a AxDag, type_: &str) -> &'a ax::api::Condition {
+    dag.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition: {:#?}", dag.status))
+}
+
+/// When the child's worker started: `startedAt`, or its dispatch when the operator never saw the
+/// container running (a worker that exits at once).
+fn started(child: &AxTask) -> Timestamp {
+    let status = child.status.as_ref().expect("child status");
+    status.started_at.unwrap_or_else(|| {
+        history(child)
+            .iter()
+            .find(|h| h.to == TaskPhase::Scheduled)
+            .map(|h| h.time)
+            .unwrap_or_else(|| panic!("{} never dispatched: {:#?}", names(child), status))
+    })
+}
+
+fn finished(child: &AxTask) -> Timestamp {
+    let status = child.status.as_ref().expect("child status");
+    status
+        .finished_at
+        .unwrap_or_else(|| panic!("{} not finished: {status:#?}", names(child)))
+}
+
+/// When the child entered the queue: its first history entry.
+fn queued(child: &AxTask) -> Timestamp {
+    history(child)
+        .first()
+        .map(|h| h.time)
+        .unwrap_or_else(|| panic!("{} has no history", names(child)))
+}
+
+/// Reasons of the Events about this DAG, polled until `want` are all there.
+async fn wait_dag_events(client: &Client, ns: &str, name: &str, want: &[&str]) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.name={name},involvedObject.kind=AxDag"
+        ));
+        let events = api.list(&lp).await.expect("list events").items;
+        let reasons: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
+        if want.iter().all(|w| reasons.iter().any(|r| r == w)) {
+            return events;
+        }
+        if Instant::now() > deadline {
+            panic!("events of dag {ns}/{name}: want {want:?}, have {reasons:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test]
+async fn diamond_runs_b_and_c_together_and_d_after_both() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-diamond").await;
+    create_dag(
+        &client,
+        &ns,
+        &dag_example("dag-diamond.yaml", "diamond", |_| {}),
+    )
+    .await;
+    let dag = wait_dag_phase(&client, &ns, "diamond", DagPhase::Succeeded, LONG).await;
+
+    let kids = children(&client, &ns, "diamond").await;
+    assert_eq!(
+        kids.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["a", "b", "c", "d"]
+    );
+    for (task, child) in &kids {
+        assert_eq!(phase(child), Some(TaskPhase::Succeeded), "{task}");
+        assert_eq!(child.name_any(), format!("diamond-{task}"));
+        let owner = &child.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("AxDag", dag.uid().unwrap().as_str(), Some(true))
+        );
+        assert_eq!(child.labels()["ax.dev/dag"], "diamond");
+    }
+    let (a, b, c, d) = (&kids["a"], &kids["b"], &kids["c"], &kids["d"]);
+    assert!(queued(b) >= finished(a) && queued(c) >= finished(a));
+    // d entered the queue only once both b and c had finished.
+    assert!(
+        queued(d) >= finished(b) && queued(d) >= finished(c),
+        "d queued at {} before b finished at {} or c at {}",
+        queued(d),
+        finished(b),
+        finished(c)
+    );
+    // b and c ran at the same time.
+    assert!(
+        started(b) < finished(c) && started(c) < finished(b),
+        "b ran {}..{}, c ran {}..{}: no overlap",
+        started(b),
+        finished(b),
+        started(c),
+        finished(c)
+    );
+
+    let status = dag.status.clone().unwrap();
+    assert_eq!(status.progress.as_deref(), Some("4/4"));
+    assert!(
+        status
+            .nodes
+            .iter()
+            .all(|(task, node)| node.phase == DagNodePhase::Succeeded
+                && node.task.as_deref() == Some(format!("diamond-{task}").as_str())),
+        "{:#?}",
+        status.nodes
+    );
+    let (started_at, finished_at) = (status.started_at.unwrap(), status.finished_at.unwrap());
+    assert!(started_at <= queued(a) && finished_at >= finished(d));
+    assert_eq!(condition(&dag, "Ready").status, "True");
+    assert_eq!(condition(&dag, "InvalidSpec").status, "False");
+    assert_eq!(status.observed_generation, dag.metadata.generation);
+    wait_dag_events(&client, &ns, "diamond", &["Running", "Succeeded"]).await;
+}
+
+#[tokio::test]
+async fn fail_fast_skips_the_rest_after_a_dead_task() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-failfast").await;
+    create_dag(
+        &client,
+        &ns,
+        &dag_example("dag-branch-fails.yaml", "ff", |_| {}),
+    )
+    .await;
+    let dag = wait_dag_phase(&client, &ns, "ff", DagPhase::Failed, LONG).await;
+    let kids = children(&client, &ns, "ff").await;
+
+    // b died at once; c (slow) was running then and finished; nothing else started.
+    assert_eq!(
+        kids.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+    assert_eq!(phase(&kids["b"]), Some(TaskPhase::Dead));
+    assert_eq!(phase(&kids["c"]), Some(TaskPhase::Succeeded));
+    assert_eq!(
+        node_phases(&dag),
+        BTreeMap::from([
+            ("a".into(), DagNodePhase::Succeeded),
+            ("b".into(), DagNodePhase::Dead),
+            ("c".into(), DagNodePhase::Succeeded),
+            ("d".into(), DagNodePhase::Skipped),
+            ("e".into(), DagNodePhase::Skipped),
+        ])
+    );
+    let status = dag.status.clone().unwrap();
+    assert_eq!(status.nodes["d"].task, None);
+    assert_eq!(status.progress.as_deref(), Some("5/5"));
+    // The DAG failed only once the running child had finished.
+    assert!(status.finished_at.unwrap() >= finished(&kids["c"]));
+    let ready = condition(&dag, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Failed")
+    );
+    assert!(ready.message.contains("dead: b"), "{}", ready.message);
+    assert!(ready.message.contains("skipped: d, e"), "{}", ready.message);
+    wait_dag_events(&client, &ns, "ff", &["Running", "Failed"]).await;
+}
+
+#[tokio::test]
+async fn continue_independent_finishes_the_branch_that_does_not_need_the_dead_task() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-continue").await;
+    create_dag(
+        &client,
+        &ns,
+        &dag_example("dag-branch-fails.yaml", "ci", |v| {
+            v["spec"]["failurePolicy"] = "ContinueIndependent".into();
+        }),
+    )
+    .await;
+    let dag = wait_dag_phase(&client, &ns, "ci", DagPhase::Failed, LONG).await;
+    let kids = children(&client, &ns, "ci").await;
+    assert_eq!(
+        kids.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["a", "b", "c", "e"]
+    );
+    assert_eq!(phase(&kids["b"]), Some(TaskPhase::Dead));
+    assert_eq!(phase(&kids["e"]), Some(TaskPhase::Succeeded));
+    // e started after b was already Dead: the failure did not stop the independent branch.
+    assert!(queued(&kids["e"]) > finished(&kids["b"]));
+    assert_eq!(
+        node_phases(&dag),
+        BTreeMap::from([
+            ("a".into(), DagNodePhase::Succeeded),
+            ("b".into(), DagNodePhase::Dead),
+            ("c".into(), DagNodePhase::Succeeded),
+            ("d".into(), DagNodePhase::Skipped),
+            ("e".into(), DagNodePhase::Succeeded),
+        ])
+    );
+    assert_eq!(
+        dag.status.as_ref().unwrap().progress.as_deref(),
+        Some("5/5")
+    );
+}
+
+#[tokio::test]
+async fn a_cycle_fails_the_dag_naming_the_cycle_and_creates_nothing() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-cycle").await;
+    create_dag(
+        &client,
+        &ns,
+        &dag_example("dag-cycle.yaml", "cycle", |_| {}),
+    )
+    .await;
+    let dag = wait_dag_phase(&client, &ns, "cycle", DagPhase::Failed, LONG).await;
+    let invalid = condition(&dag, "InvalidSpec");
+    assert_eq!(invalid.status, "True");
+    assert_eq!(invalid.message, "dependency cycle: a -> b -> c -> a");
+    assert_eq!(condition(&dag, "Ready").status, "False");
+    let status = dag.status.clone().unwrap();
+    assert!(status.nodes.is_empty());
+    assert_eq!(status.progress.as_deref(), Some("0/3"));
+    let events = wait_dag_events(&client, &ns, "cycle", &["InvalidSpec"]).await;
+    assert!(
+        events.iter().any(|e| e
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("a -> b -> c -> a")),
+        "{events:#?}"
+    );
+    // The operator has been through this DAG (its status is written): still no AxTask at all.
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        tasks
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_dependency_fails_the_dag_naming_it() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-unknown").await;
+    let dag = dag_example("dag-diamond.yaml", "typo", |v| {
+        v["spec"]["tasks"][3]["dependsOn"] = serde_json::json!(["b", "cc"]);
+    });
+    create_dag(&client, &ns, &dag).await;
+    let dag = wait_dag_phase(&client, &ns, "typo", DagPhase::Failed, LONG).await;
+    assert_eq!(
+        condition(&dag, "InvalidSpec").message,
+        "task `d` depends on `cc`, which is not a task of this DAG"
+    );
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        tasks
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn cancel_mid_run_cancels_the_running_children() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-cancel").await;
+    create_dag(&client, &ns, &dag_example("dag-long.yaml", "long", |_| {})).await;
+    for task in ["long-first", "long-second"] {
+        wait_phase(&client, &ns, task, TaskPhase::Running, LONG).await;
+    }
+    let running = wait_dag_phase(&client, &ns, "long", DagPhase::Running, LONG).await;
+    assert_eq!(
+        running.status.as_ref().unwrap().progress.as_deref(),
+        Some("0/3")
+    );
+
+    let api: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    let patch = serde_json::json!({"spec": {"cancel": true}});
+    api.patch("long", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("cancel the dag");
+    let dag = wait_dag_phase(&client, &ns, "long", DagPhase::Canceled, LONG).await;
+
+    let kids = children(&client, &ns, "long").await;
+    assert_eq!(
+        kids.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["first", "second"]
+    );
+    for child in kids.values() {
+        assert!(child.spec.cancel, "{} not asked to cancel", names(child));
+        assert_eq!(phase(child), Some(TaskPhase::Canceled), "{}", names(child));
+        // Canceled straight from Running: the worker was killed, not left to finish.
+        assert!(
+            phases(child).contains(&TaskPhase::Running),
+            "{}",
+            names(child)
+        );
+    }
+    assert_eq!(
+        node_phases(&dag),
+        BTreeMap::from([
+            ("after".into(), DagNodePhase::Skipped),
+            ("first".into(), DagNodePhase::Canceled),
+            ("second".into(), DagNodePhase::Canceled),
+        ])
+    );
+    assert_eq!(
+        dag.status.as_ref().unwrap().progress.as_deref(),
+        Some("3/3")
+    );
+    wait_dag_events(&client, &ns, "long", &["Running", "Canceled"]).await;
+}
+
+/// A task spec for a simulated node: no real container, it "runs" for `millis` and exits 0.
+fn sim_task_spec(millis: u64) -> serde_json::Value {
+    serde_json::json!({
+        "type": "sim-step",
+        "template": {"spec": {
+            "nodeSelector": {"ax.dev/sim-node": "true"},
+            "tolerations": [{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{
+                "name": "worker",
+                "image": "localhost/ax-busybox:1",
+                "env": [
+                    {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
+                    {"name": "AX_SIM_EXIT_CODE", "value": "0"},
+                ],
+            }],
+        }},
+    })
+}
+
+/// 200 tasks in four blocks of a hub and 49 tasks fanning out of it; each hub waits for all 49
+/// of the block before it (fan-in).
+fn layered_dag(name: &str, parallelism: u32) -> AxDag {
+    const BLOCKS: usize = 4;
+    const FAN: usize = 49;
+    let mut tasks = Vec::new();
+    for block in 0..BLOCKS {
+        let hub = format!("h{block}");
+        let hub_deps: Vec<String> = if block == 0 {
+            Vec::new()
+        } else {
+            (0..FAN).map(|i| format!("f{}-{i:02}", block - 1)).collect()
+        };
+        tasks.push(
+            serde_json::json!({"name": hub, "dependsOn": hub_deps, "spec": sim_task_spec(1000)}),
+        );
+        for i in 0..FAN {
+            tasks.push(serde_json::json!({
+                "name": format!("f{block}-{i:02}"),
+                "dependsOn": [hub],
+                "spec": sim_task_spec(1000),
+            }));
+        }
+    }
+    assert_eq!(tasks.len(), 200);
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "ax.dev/v1alpha1",
+        "kind": "AxDag",
+        "metadata": {"name": name},
+        "spec": {"parallelism": parallelism, "tasks": tasks},
+    }))
+    .expect("an AxDag")
+}
+
+#[tokio::test]
+async fn two_hundred_tasks_on_sim_nodes_never_exceed_parallelism() {
+    const PARALLELISM: usize = 20;
+    let client = client().await;
+    let ns = namespace(&client, "dag-wide").await;
+
+    // Every child ever seen and whether it is finished; the most unfinished at once.
+    #[derive(Default)]
+    struct Tally {
+        unfinished: HashMap<String, bool>,
+        max_at_once: usize,
+        events: usize,
+    }
+    let tally: Arc<Mutex<Tally>> = Arc::default();
+    let (listening, watch_ready) = tokio::sync::oneshot::channel();
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let recorder = tally.clone();
+    let watch = tokio::spawn(async move {
+        let mut listening = Some(listening);
+        let mut stream = watcher(tasks, watcher::Config::default().labels("ax.dev/dag=wide"))
+            .default_backoff()
+            .boxed();
+        while let Some(event) = stream.next().await {
+            let mut tally = recorder.lock().unwrap();
+            match event {
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = listening.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(watcher::Event::Apply(child) | watcher::Event::InitApply(child)) => {
+                    let done = phase(&child).is_some_and(TaskPhase::is_terminal);
+                    tally.unfinished.insert(child.name_any(), !done);
+                    tally.events += 1;
+                }
+                Ok(watcher::Event::Delete(child)) => {
+                    tally.unfinished.remove(&child.name_any());
+                }
+                Ok(watcher::Event::Init) | Err(_) => {}
+            }
+            let now = tally.unfinished.values().filter(|&&u| u).count();
+            tally.max_at_once = tally.max_at_once.max(now);
+        }
+    });
+    watch_ready.await.expect("the watch started");
+
+    create_dag(&client, &ns, &layered_dag("wide", PARALLELISM as u32)).await;
+    let dag = wait_dag_phase(
+        &client,
+        &ns,
+        "wide",
+        DagPhase::Succeeded,
+        Duration::from_secs(600),
+    )
+    .await;
+    watch.abort();
+
+    let status = dag.status.clone().unwrap();
+    assert_eq!(status.progress.as_deref(), Some("200/200"));
+    let kids = children(&client, &ns, "wide").await;
+    assert_eq!(kids.len(), 200);
+    assert!(
+        kids.values()
+            .all(|child| phase(child) == Some(TaskPhase::Succeeded))
+    );
+    // Each hub entered the queue after every task of the block before it finished.
+    for block in 1..4 {
+        let hub = queued(&kids[&format!("h{block}")]);
+        for i in 0..49 {
+            let fan = &kids[&format!("f{}-{i:02}", block - 1)];
+            assert!(hub >= finished(fan), "h{block} before {}", names(fan));
+        }
+    }
+    let tally = tally.lock().unwrap();
+    eprintln!(
+        "most children unfinished at once: {} ({} watch events)",
+        tally.max_at_once, tally.events
+    );
+    assert_eq!(tally.unfinished.len(), 200, "the watch saw every child");
+    assert!(
+        tally.max_at_once <= PARALLELISM,
+        "{} children unfinished at once, parallelism {PARALLELISM}",
+        tally.max_at_once
+    );
+    // The limit was used, not just respected: 49 ready tasks ran 20 at a time.
+    assert!(
+        tally.max_at_once >= PARALLELISM / 2,
+        "at most {} children at once",
+        tally.max_at_once
+    );
+}
