@@ -1,0 +1,1152 @@
+//! The production install on the real cluster: the Helm chart with the locally built image, two
+//! replicas under leader election, failover, metrics, RBAC and uninstall (DESIGN §6).
+//!
+//! Every test installs its own release into a fresh namespace and uninstalls it when done, and only
+//! one operator may run at a time (they would all reconcile every namespace): run this file with
+//! `--test-threads 1`. e2e/run-tests.sh builds the static image first (its name in
+//! AX_OPERATOR_IMAGE, default `localhost/ax-operator:dev`) and stops its shared operator before it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ax::api::{AxTask, TaskPhase};
+use common::*;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+/// Release name. Not `ax-operator`: e2e/run-tests.sh applies config/rbac.yaml, whose cluster-wide
+/// `ax-operator` ClusterRole Helm could not adopt.
+const RELEASE: &str = "axh";
+/// `<release>-<chart>`: the name of the chart's Deployment, ServiceAccount, ClusterRole, Service.
+const FULLNAME: &str = "axh-ax-operator";
+/// Namespaces of this file's tests start with this (see `common::namespace`).
+const NAMESPACE_PREFIX: &str = "e2e-helm-";
+const LEASE_NAME: &str = "ax-operator";
+const LEASE_SECONDS: u64 = 10;
+const RENEW_SECONDS: u64 = 5;
+const METRICS_PORT: u16 = 8080;
+
+// --- tools ------------------------------------------------------------------------------------
+
+fn helm_binary() -> String {
+    std::env::var("HELM").unwrap_or_else(|_| "helm".into())
+}
+
+fn chart_dir() -> PathBuf {
+    repo_root().join("charts/ax-operator")
+}
+
+/// The operator image imported into the cluster's containerd by e2e/image.sh.
+fn operator_image() -> (String, String) {
+    let image =
+        std::env::var("AX_OPERATOR_IMAGE").unwrap_or_else(|_| "localhost/ax-operator:dev".into());
+    let slash = image.rfind('/').map_or(0, |i| i + 1);
+    match image[slash..].rfind(':') {
+        Some(colon) => (
+            image[..slash + colon].to_string(),
+            image[slash + colon + 1..].to_string(),
+        ),
+        None => panic!("AX_OPERATOR_IMAGE={image} needs a tag (e.g. localhost/ax-operator:dev)"),
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs helm; panics with its output unless it succeeds.
+fn helm(args: &[&str]) -> String {
+    let out = run(&helm_binary(), args);
+    assert!(
+        out.status.success(),
+        "helm {} failed:\n{}{}",
+        args.join(" "),
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Runs kubectl; panics with its output unless it succeeds.
+fn kubectl_ok(args: &[&str]) -> String {
+    let (ok, stdout, stderr) = run_kubectl(args, None);
+    assert!(ok, "kubectl {} failed:\n{stdout}{stderr}", args.join(" "));
+    stdout
+}
+
+// --- the release ------------------------------------------------------------------------------
+
+/// One Helm release of the chart. Dropping it uninstalls it (after printing the operator logs when
+/// the test failed), so a failed test leaves no operator running for the next one.
+struct Release {
+    namespace: String,
+    uninstalled: bool,
+}
+
+impl Release {
+    /// Installs the chart into a fresh namespace with the local image, the short lease of these
+    /// tests and `values` merged over that.
+    async fn install(client: &Client, test: &str, values: serde_json::Value) -> Release {
+        // Without operator pods (replicaCount 0) the release reconciles nothing and may share the
+        // cluster with other operators.
+        if values["replicaCount"] != 0 {
+            assert_no_other_operator(client).await;
+        }
+        let namespace = namespace(client, test).await;
+        let (repository, tag) = operator_image();
+        let mut all = serde_json::json!({
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "operator": {
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "renewIntervalSeconds": RENEW_SECONDS,
+                "logFilter": "info,ax=debug,kube=warn",
+            },
+        });
+        merge(&mut all, values);
+        let dir = repo_root().join("target/e2e");
+        std::fs::create_dir_all(&dir).expect("create target/e2e");
+        let values_file = dir.join(format!("helm-values-{namespace}.yaml"));
+        std::fs::write(
+            &values_file,
+            serde_yaml::to_string(&all).expect("values as YAML"),
+        )
+        .expect("write the values file");
+        let release = Release {
+            namespace,
+            uninstalled: false,
+        };
+        let chart = chart_dir();
+        helm(&[
+            "install",
+            RELEASE,
+            chart.to_str().expect("chart path is UTF-8"),
+            "--namespace",
+            &release.namespace,
+            "--values",
+            values_file.to_str().expect("values path is UTF-8"),
+        ]);
+        release
+    }
+
+    fn uninstall(&mut self) {
+        self.uninstalled = true;
+        helm(&["uninstall", RELEASE, "--namespace", &self.namespace]);
+    }
+
+    fn service_account(&self) -> String {
+        format!("system:serviceaccount:{}:{FULLNAME}", self.namespace)
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_operator_logs(&self.namespace);
+        }
+        if !self.uninstalled {
+            let out = run(
+                &helm_binary(),
+                &["uninstall", RELEASE, "--namespace", &self.namespace],
+            );
+            if !out.status.success() {
+                eprintln!(
+                    "helm uninstall in {} failed: {}",
+                    self.namespace,
+                    text(&out.stderr)
+                );
+            }
+        }
+        if !std::thread::panicking() {
+            // Tidy up after a pass; a failure's namespace stays for a look.
+            let _ = run_kubectl(
+                &["delete", "namespace", &self.namespace, "--wait=false"],
+                None,
+            );
+        }
+    }
+}
+
+fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
+            for (key, value) in over {
+                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (base, over) => *base = over,
+    }
+}
+
+fn print_operator_logs(namespace: &str) {
+    let selector = format!("app.kubernetes.io/instance={RELEASE}");
+    let (_, pods, _) = run_kubectl(
+        &[
+            "-n", namespace, "get", "pods", "-l", &selector, "-o", "name",
+        ],
+        None,
+    );
+    for pod in pods.lines() {
+        let (_, logs, err) = run_kubectl(&["-n", namespace, "logs", pod, "--tail=60"], None);
+        eprintln!("--- {namespace}/{pod} (last 60 lines)\n{logs}{err}");
+    }
+}
+
+// --- no other operator ------------------------------------------------------------------------
+
+/// ax-operator processes on this machine that no pod runs: an operator started by hand or by
+/// e2e/run-tests.sh, perhaps under another name (`ax-dag-operator`, …).
+fn host_operator_processes() -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = text(&cmdline);
+        let program = cmdline.split('\0').next().unwrap_or_default();
+        let program = program.rsplit('/').next().unwrap_or_default();
+        if !(program.starts_with("ax") && program.contains("operator")) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'));
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if zombie || cgroup.contains("kubepods") {
+            continue;
+        }
+        found.push(format!("pid {pid}: {}", cmdline.replace('\0', " ").trim()));
+    }
+    found
+}
+
+/// Leases named `ax-operator` renewed within their duration: a running, leader-elected operator.
+async fn live_leases(client: &Client) -> Vec<String> {
+    let leases: Api<Lease> = Api::all(client.clone());
+    let now = jiff::Timestamp::now();
+    leases
+        .list(&ListParams::default().fields(&format!("metadata.name={LEASE_NAME}")))
+        .await
+        .expect("list leases")
+        .items
+        .into_iter()
+        .filter_map(|lease| {
+            let spec = lease.spec.as_ref()?;
+            let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+            let renewed = spec.renew_time.as_ref()?.0;
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+            let valid_until = renewed + jiff::SignedDuration::from_secs(duration);
+            (valid_until > now).then(|| {
+                format!(
+                    "{}: held by {holder}, renewed {renewed}",
+                    lease.namespace().unwrap_or_default()
+                )
+            })
+        })
+        .collect()
+}
+
+/// Fails unless no ax-operator runs: none on this machine outside pods, no release of this file
+/// left over (those are uninstalled), no live `ax-operator` Lease anywhere.
+async fn assert_no_other_operator(client: &Client) {
+    let processes = host_operator_processes();
+    assert!(
+        processes.is_empty(),
+        "another ax-operator runs on this machine; these tests install their own in the cluster and \
+         need it to be the only one (stop it, or run them through e2e/run-tests.sh, which stops its \
+         own first):\n  {}",
+        processes.join("\n  ")
+    );
+    // A release an interrupted run of this file left behind.
+    let list = helm(&["list", "--all-namespaces", "--output", "json"]);
+    let releases: Vec<serde_json::Value> = serde_json::from_str(&list).expect("helm list JSON");
+    for release in releases {
+        let namespace = release["namespace"].as_str().unwrap_or_default();
+        if release["name"] == RELEASE && namespace.starts_with(NAMESPACE_PREFIX) {
+            eprintln!("uninstalling release {RELEASE} left in {namespace} by an earlier run");
+            helm(&["uninstall", RELEASE, "--namespace", namespace]);
+        }
+    }
+    // A deleted operator's Lease stays valid until it expires: wait that long, then fail.
+    let deadline = Instant::now() + Duration::from_secs(LEASE_SECONDS.max(15) * 2 + 5);
+    loop {
+        let live = live_leases(client).await;
+        if live.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "another ax-operator is running (its Lease keeps being renewed); stop it first:\n  {}",
+            live.join("\n  ")
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+// --- operator pods, lease, metrics ------------------------------------------------------------
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn pod_phase(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+/// Why a container cannot start, when the reason is one waiting will not fix.
+fn stuck_reason(pod: &Pod) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find_map(|s| {
+        let waiting = s.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.clone()?;
+        matches!(
+            reason.as_str(),
+            "ErrImageNeverPull"
+                | "ImagePullBackOff"
+                | "ErrImagePull"
+                | "CrashLoopBackOff"
+                | "CreateContainerConfigError"
+                | "CreateContainerError"
+        )
+        .then(|| format!("{reason}: {}", waiting.message.clone().unwrap_or_default()))
+    })
+}
+
+/// The operator pods of the release, not being deleted.
+async fn operator_pods(client: &Client, namespace: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
+        .await
+        .expect("list operator pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// Waits until `replicas` operator pods are Running and Ready; returns them.
+async fn wait_operator_ready(client: &Client, namespace: &str, replicas: usize) -> Vec<Pod> {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let pods = operator_pods(client, namespace).await;
+        if let Some((pod, reason)) = pods.iter().find_map(|p| stuck_reason(p).map(|r| (p, r))) {
+            let (repository, tag) = operator_image();
+            panic!(
+                "operator pod {} cannot start: {reason}\n(is {repository}:{tag} built and imported? \
+                 e2e/run-tests.sh does it; by hand: e2e/image.sh <static ax-operator binary> {repository}:{tag})",
+                pod.name_any()
+            );
+        }
+        let ready: Vec<Pod> = pods
+            .iter()
+            .filter(|p| pod_phase(p) == "Running" && pod_ready(p))
+            .cloned()
+            .collect();
+        if ready.len() == replicas && pods.len() == replicas {
+            return ready;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{replicas} operator pods not Running and Ready within 180s: {:?}",
+            pods.iter()
+                .map(|p| format!("{} {} ready={}", p.name_any(), pod_phase(p), pod_ready(p)))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    leases
+        .get_opt(LEASE_NAME)
+        .await
+        .expect("get lease")?
+        .spec?
+        .holder_identity
+        .filter(|h| !h.is_empty())
+}
+
+/// Waits until one of `candidates` holds the Lease; returns its name.
+async fn wait_leader(client: &Client, namespace: &str, candidates: &[String]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let holder = lease_holder(client, namespace).await;
+        if let Some(holder) = holder.as_ref().filter(|h| candidates.contains(h)) {
+            return holder.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "none of {candidates:?} holds Lease {namespace}/{LEASE_NAME} within 60s (holder: {holder:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// /metrics of an operator pod, through the API server's pod proxy.
+fn scrape(namespace: &str, pod: &str) -> String {
+    kubectl_ok(&[
+        "get",
+        "--raw",
+        &format!("/api/v1/namespaces/{namespace}/pods/{pod}:{METRICS_PORT}/proxy/metrics"),
+    ])
+}
+
+/// One sample of the Prometheus text format: metric name, labels, value.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+fn parse_metrics(exposition: &str) -> Vec<Sample> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line
+                .rsplit_once(' ')
+                .unwrap_or_else(|| panic!("not a sample: {line}"));
+            let value: f64 = value
+                .parse()
+                .unwrap_or_else(|_| panic!("not a number in: {line}"));
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => (name, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            // ax's label values are names and phases: no commas or quotes inside.
+            let labels = labels
+                .split(',')
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("bad label in: {line}"));
+                    (k.to_string(), v.trim_matches('"').to_string())
+                })
+                .collect();
+            Sample {
+                name: name.to_string(),
+                labels,
+                value,
+            }
+        })
+        .collect()
+}
+
+/// The sum of the samples of `name` whose labels include `labels`; None when there is none.
+fn metric_value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    samples
+        .iter()
+        .filter(|s| {
+            s.name == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+        .reduce(|a, b| a + b)
+}
+
+// --- tasks ------------------------------------------------------------------------------------
+
+/// A task of `millis` on a simulated node; `exit_code` other than 0 makes its worker fail.
+fn sim_task(name: &str, task_type: &str, millis: u64, exit_code: i32) -> AxTask {
+    example("hello.yaml", name, |v| {
+        v["spec"]["type"] = task_type.into();
+        let spec = &mut v["spec"]["template"]["spec"];
+        spec["nodeSelector"] = serde_json::json!({"ax.dev/sim-node": "true"});
+        spec["tolerations"] = serde_json::json!([
+            {"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}]);
+        spec["containers"][0]["env"] = serde_json::json!([
+            {"name": "AX_SIM_START_MS", "value": "200"},
+            {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
+            {"name": "AX_SIM_EXIT_CODE", "value": exit_code.to_string()}]);
+    })
+}
+
+/// Every worker pod ever seen in a namespace, by (task, attempt) → pod uids.
+type PodsByAttempt = BTreeMap<(String, String), BTreeSet<String>>;
+
+/// Records every worker pod created in `namespace` from now on.
+fn record_worker_pods(
+    client: &Client,
+    namespace: &str,
+) -> (Arc<Mutex<PodsByAttempt>>, tokio::task::JoinHandle<()>) {
+    let seen: Arc<Mutex<PodsByAttempt>> = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let recorder = seen.clone();
+    let watch = tokio::spawn(async move {
+        let mut stream = watcher(pods, watcher::Config::default().labels("ax.dev/task"))
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(pod)) = stream.next().await {
+            let labels = pod.labels();
+            if let (Some(task), Some(attempt)) =
+                (labels.get("ax.dev/task"), labels.get("ax.dev/attempt"))
+            {
+                recorder
+                    .lock()
+                    .expect("pod record lock")
+                    .entry((task.clone(), attempt.clone()))
+                    .or_default()
+                    .insert(pod.uid().unwrap_or_default());
+            }
+        }
+    });
+    (seen, watch)
+}
+
+async fn tasks_in(client: &Client, namespace: &str) -> Vec<AxTask> {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), namespace);
+    api.list(&ListParams::default())
+        .await
+        .expect("list tasks")
+        .items
+}
+
+/// Waits until every task in the namespace is terminal; returns them.
+async fn wait_all_terminal(client: &Client, namespace: &str, timeout: Duration) -> Vec<AxTask> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let tasks = tasks_in(client, namespace).await;
+        let open: Vec<String> = tasks
+            .iter()
+            .filter(|t| !phase(t).is_some_and(TaskPhase::is_terminal))
+            .map(|t| format!("{} {:?}", t.name_any(), phase(t)))
+            .collect();
+        if open.is_empty() {
+            return tasks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks in {namespace} not terminal after {timeout:?}: {open:?}",
+            open.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn actor(pod: &str) -> String {
+    format!("ax-operator/{pod}")
+}
+
+/// Times of the Scheduled transitions `actor` wrote into the tasks' histories.
+fn dispatches_by(tasks: &[AxTask], actor: &str) -> Vec<jiff::Timestamp> {
+    tasks
+        .iter()
+        .flat_map(history)
+        .filter(|h| h.to == TaskPhase::Scheduled && h.actor == actor)
+        .map(|h| h.time)
+        .collect()
+}
+
+// --- tests ------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn helm_install_runs_two_ready_replicas_and_a_task_succeeds() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-install", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    for pod in &pods {
+        let spec = pod.spec.as_ref().expect("pod spec");
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some(FULLNAME),
+            "{} runs under the chart's ServiceAccount",
+            pod.name_any()
+        );
+        let container = &spec.containers[0];
+        let (repository, tag) = operator_image();
+        assert_eq!(
+            container.image.as_deref(),
+            Some(format!("{repository}:{tag}").as_str())
+        );
+        let security = container
+            .security_context
+            .as_ref()
+            .expect("securityContext");
+        assert_eq!(security.read_only_root_filesystem, Some(true));
+        assert_eq!(security.run_as_non_root, Some(true));
+    }
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+    println!("operator pods {names:?}, leader {leader}");
+
+    let manifest = std::fs::read_to_string(repo_root().join("examples/hello.yaml"))
+        .expect("examples/hello.yaml");
+    let (ok, out, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(&manifest));
+    assert!(ok, "kubectl apply failed: {out}{err}");
+    let task = wait_phase(&client, &ns, "hello", TaskPhase::Succeeded, LONG).await;
+    let scheduled: Vec<String> = history(&task)
+        .into_iter()
+        .filter(|h| h.to == TaskPhase::Scheduled)
+        .map(|h| h.actor)
+        .collect();
+    assert_eq!(
+        scheduled,
+        vec![actor(&leader)],
+        "the in-cluster leader dispatched the task"
+    );
+}
+
+#[tokio::test]
+async fn leader_pod_force_deleted_standby_takes_over_within_lease_duration() {
+    let client = client().await;
+    // A low concurrency keeps tasks queued, so there is dispatching to take over.
+    let values = serde_json::json!({"operator": {"concurrency": 10}});
+    let release = Release::install(&client, "helm-failover", values).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let old_leader = wait_leader(&client, &ns, &names).await;
+
+    let (seen, watch) = record_worker_pods(&client, &ns);
+    const TASKS: u64 = 60;
+    for i in 0..TASKS {
+        let task = sim_task(&format!("flow-{i:02}"), "failover", 1000 + (i % 3) * 500, 0);
+        create(&client, &ns, &task).await;
+    }
+
+    // Tasks flowing: some done, many still queued.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let tasks = tasks_in(&client, &ns).await;
+        let succeeded = tasks
+            .iter()
+            .filter(|t| phase(t) == Some(TaskPhase::Succeeded))
+            .count();
+        if succeeded >= 8 {
+            let pending = tasks
+                .iter()
+                .filter(|t| matches!(phase(t), None | Some(TaskPhase::Pending)))
+                .count();
+            assert!(
+                pending >= 10,
+                "only {pending} tasks still queued when the leader is deleted: nothing to take over"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tasks did not start flowing: {succeeded} succeeded"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let deleted_at = jiff::Timestamp::now();
+    kubectl_ok(&[
+        "-n",
+        &ns,
+        "delete",
+        "pod",
+        &old_leader,
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ]);
+
+    // The Lease passes to another pod: the standby, or the replacement if it wins the race.
+    let deadline = Instant::now() + Duration::from_secs(LEASE_SECONDS + 60);
+    let new_leader = loop {
+        if let Some(holder) = lease_holder(&client, &ns)
+            .await
+            .filter(|h| *h != old_leader)
+        {
+            break holder;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no pod took the Lease over from {old_leader}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // ... and dispatches again.
+    let deadline = Instant::now() + Duration::from_secs(LEASE_SECONDS + 60);
+    let first_dispatch = loop {
+        let tasks = tasks_in(&client, &ns).await;
+        if let Some(first) = dispatches_by(&tasks, &actor(&new_leader))
+            .into_iter()
+            .filter(|t| *t >= deleted_at)
+            .min()
+        {
+            break first;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{new_leader} holds the Lease but dispatches nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let failover = first_dispatch.duration_since(deleted_at);
+    println!(
+        "failover: leader {old_leader} force-deleted; {new_leader} dispatched {:.1}s later (limit {}s)",
+        failover.as_secs_f64(),
+        LEASE_SECONDS + 5
+    );
+    assert!(
+        failover <= jiff::SignedDuration::from_secs((LEASE_SECONDS + 5) as i64),
+        "failover took {failover:?}, more than the lease duration + 5s"
+    );
+    assert_ne!(
+        new_leader, old_leader,
+        "the deleted pod cannot lead any more"
+    );
+
+    let tasks = wait_all_terminal(&client, &ns, Duration::from_secs(240)).await;
+    assert_eq!(tasks.len() as u64, TASKS);
+    for t in &tasks {
+        let s = t.status.clone().expect("status");
+        assert_eq!(
+            s.phase,
+            Some(TaskPhase::Succeeded),
+            "{}: {:#?}",
+            t.name_any(),
+            s.history
+        );
+        assert_eq!(
+            (s.attempt, s.retries),
+            (1, 0),
+            "{}: a failover must not cost an attempt: {:#?}",
+            t.name_any(),
+            s.history
+        );
+        assert_history_chain(t);
+    }
+    // Pods are created before the status says so; give the watch a moment to see the last ones.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watch.abort();
+    let seen = seen.lock().expect("pod record lock");
+    for t in &tasks {
+        let uids = seen
+            .get(&(t.name_any(), "1".into()))
+            .unwrap_or_else(|| panic!("no worker pod seen for {}", t.name_any()));
+        assert_eq!(
+            uids.len(),
+            1,
+            "{} attempt 1 had {} pods",
+            t.name_any(),
+            uids.len()
+        );
+    }
+    let duplicated: Vec<_> = seen.iter().filter(|(_, uids)| uids.len() > 1).collect();
+    assert!(
+        duplicated.is_empty(),
+        "attempts with two pods: {duplicated:?}"
+    );
+}
+
+/// Per (queue, type, phase) task counts, as `kubectl get axtasks -A` shows them.
+fn kubectl_task_counts() -> (
+    BTreeMap<(String, String, String), u64>,
+    Vec<serde_json::Value>,
+) {
+    let out = kubectl_ok(&["get", "axtasks", "--all-namespaces", "-o", "json"]);
+    let list: serde_json::Value = serde_json::from_str(&out).expect("kubectl JSON");
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    let mut counts = BTreeMap::new();
+    for t in &items {
+        let queue = t["spec"]["queue"].as_str().unwrap_or("default").to_string();
+        let task_type = t["spec"]["type"].as_str().unwrap_or_default().to_string();
+        let phase = t["status"]["phase"].as_str().unwrap_or("New").to_string();
+        *counts.entry((queue, task_type, phase)).or_insert(0) += 1;
+    }
+    (counts, items)
+}
+
+fn metric_task_counts(samples: &[Sample]) -> BTreeMap<(String, String, String), u64> {
+    samples
+        .iter()
+        .filter(|s| s.name == "ax_tasks" && s.value > 0.0)
+        .map(|s| {
+            let label = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+            (
+                (label("queue"), label("type"), label("phase")),
+                s.value as u64,
+            )
+        })
+        .collect()
+}
+
+/// Scheduled history entries written by `actor`, in kubectl's JSON.
+fn kubectl_dispatches_by(items: &[serde_json::Value], actor: &str) -> u64 {
+    items
+        .iter()
+        .flat_map(|t| {
+            t["status"]["history"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|h| h["to"] == "Scheduled" && h["actor"] == actor)
+        .count() as u64
+}
+
+#[tokio::test]
+async fn metrics_match_kubectl_task_counts_and_dispatches() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-metrics", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+    let standby = names
+        .iter()
+        .find(|n| **n != leader)
+        .expect("a standby")
+        .clone();
+
+    for i in 0..12 {
+        create(
+            &client,
+            &ns,
+            &sim_task(&format!("ok-{i:02}"), "helm-ok", 1500, 0),
+        )
+        .await;
+    }
+    // Failing tasks: one retry each, then Dead: two dispatches apiece.
+    for i in 0..4 {
+        let mut task = sim_task(&format!("bad-{i}"), "helm-bad", 300, 1);
+        let mut value = serde_json::to_value(&task).expect("task JSON");
+        value["spec"]["retry"] = serde_json::json!({
+            "maxRetries": 1,
+            "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0}});
+        task = serde_json::from_value(value).expect("task with retry");
+        create(&client, &ns, &task).await;
+    }
+
+    // During the run: the leader reports leading and tasks in flight; the standby does not lead.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let samples = parse_metrics(&scrape(&ns, &leader));
+        assert_eq!(
+            metric_value(&samples, "ax_leader", &[]),
+            Some(1.0),
+            "leader's ax_leader"
+        );
+        let in_flight: f64 = samples
+            .iter()
+            .filter(|s| s.name == "ax_tasks")
+            .filter(|s| s.labels.get("type").is_some_and(|t| t.starts_with("helm-")))
+            .filter(|s| {
+                s.labels
+                    .get("phase")
+                    .is_some_and(|p| p == "Scheduled" || p == "Running")
+            })
+            .map(|s| s.value)
+            .sum();
+        if in_flight > 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ax_tasks never showed a task in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let standby_samples = parse_metrics(&scrape(&ns, &standby));
+    assert_eq!(
+        metric_value(&standby_samples, "ax_leader", &[]),
+        Some(0.0),
+        "standby's ax_leader"
+    );
+
+    wait_all_terminal(&client, &ns, Duration::from_secs(180)).await;
+
+    // After the run: the gauges (recomputed every 2s) agree with kubectl, and the histogram holds
+    // one observation per dispatch this leader made. Compare two equal kubectl reads around one
+    // scrape, so no task changed in between.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (before, _) = kubectl_task_counts();
+        let samples = parse_metrics(&scrape(&ns, &leader));
+        let (after, items) = kubectl_task_counts();
+        let metrics = metric_task_counts(&samples);
+        let dispatches = kubectl_dispatches_by(&items, &actor(&leader));
+        let observations = metric_value(&samples, "ax_dispatch_latency_seconds_count", &[]);
+        if before == after && metrics == after && observations == Some(dispatches as f64) {
+            // 12 + 4 × 2 dispatches are ours; others may come from tasks elsewhere in the cluster.
+            assert!(dispatches >= 20, "only {dispatches} dispatches by {leader}");
+            let dead = metric_value(&samples, "ax_dead_tasks_total", &[("type", "helm-bad")]);
+            assert_eq!(dead, Some(4.0), "ax_dead_tasks_total for the failing tasks");
+            println!(
+                "metrics agree: {} task series, {dispatches} dispatches",
+                metrics.len()
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics of {leader} disagree with kubectl for 60s:\n kubectl ax_tasks: {after:?}\n \
+             metrics ax_tasks: {metrics:?}\n dispatches by {leader}: {dispatches}, \
+             ax_dispatch_latency_seconds_count: {observations:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+}
+
+/// `kubectl auth can-i` as the operator's ServiceAccount: true for "yes".
+fn can_i(account: &str, args: &[&str]) -> bool {
+    let mut all = vec!["auth", "can-i"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--as", account]);
+    let (ok, out, err) = run_kubectl(&all, None);
+    match out.trim() {
+        "yes" => true,
+        "no" => false,
+        _ => panic!(
+            "kubectl {} gave neither yes nor no (ok={ok}): {out}{err}",
+            all.join(" ")
+        ),
+    }
+}
+
+#[tokio::test]
+async fn service_account_is_denied_secrets_and_allowed_its_work() {
+    let client = client().await;
+    // RBAC needs no running operator.
+    let release =
+        Release::install(&client, "helm-rbac", serde_json::json!({"replicaCount": 0})).await;
+    let ns = release.namespace.clone();
+    let sa = release.service_account();
+
+    let allowed: &[&[&str]] = &[
+        &["watch", "axtasks.ax.dev", "--all-namespaces"],
+        &["create", "axtasks.ax.dev", "-n", "default"],
+        &[
+            "patch",
+            "axtasks.ax.dev",
+            "--subresource=status",
+            "-n",
+            "default",
+        ],
+        &[
+            "patch",
+            "axdags.ax.dev",
+            "--subresource=status",
+            "-n",
+            "default",
+        ],
+        &["create", "pods", "-n", "default"],
+        &["delete", "pods", "-n", "default"],
+        &["watch", "pods", "--all-namespaces"],
+        &["list", "nodes"],
+        &["create", "events.events.k8s.io", "-n", "default"],
+        &["patch", "leases.coordination.k8s.io", "-n", &ns],
+        &["create", "leases.coordination.k8s.io", "-n", &ns],
+    ];
+    let denied: &[&[&str]] = &[
+        &["get", "secrets", "-n", &ns],
+        &["list", "secrets", "--all-namespaces"],
+        &["get", "secrets", "-n", "kube-system"],
+        &["get", "configmaps", "-n", &ns],
+        &["create", "pods", "--subresource=exec", "-n", "default"],
+        &["patch", "pods", "-n", "default"],
+        &["delete", "nodes"],
+        &[
+            "patch",
+            "leases.coordination.k8s.io",
+            "-n",
+            "kube-node-lease",
+        ],
+        &["create", "clusterrolebindings"],
+        &[
+            "create",
+            "serviceaccounts",
+            "--subresource=token",
+            "-n",
+            &ns,
+        ],
+        &["*", "*"],
+    ];
+    let mut wrong = Vec::new();
+    for args in allowed {
+        if !can_i(&sa, args) {
+            wrong.push(format!("denied but needed: {}", args.join(" ")));
+        }
+    }
+    for args in denied {
+        if can_i(&sa, args) {
+            wrong.push(format!("allowed but not needed: {}", args.join(" ")));
+        }
+    }
+    assert!(wrong.is_empty(), "RBAC of {sa}:\n  {}", wrong.join("\n  "));
+
+    // A real request as the account is refused too.
+    let (ok, out, err) = run_kubectl(&["get", "secrets", "-n", &ns, "--as", &sa], None);
+    assert!(
+        !ok && err.contains("Forbidden"),
+        "reading Secrets as {sa}: ok={ok} {out}{err}"
+    );
+
+    // No wildcards anywhere in the chart's ClusterRole.
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let role = roles.get(FULLNAME).await.expect("the chart's ClusterRole");
+    for rule in role.rules.unwrap_or_default() {
+        let words = rule
+            .verbs
+            .iter()
+            .chain(rule.resources.iter().flatten())
+            .chain(rule.api_groups.iter().flatten());
+        for word in words {
+            assert!(
+                word != "*" && word != "secrets",
+                "ClusterRole rule {rule:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn helm_uninstall_removes_all_but_the_crds_and_leaves_no_worker_pods() {
+    let client = client().await;
+    let mut release = Release::install(&client, "helm-uninstall", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+
+    for i in 0..5 {
+        create(
+            &client,
+            &ns,
+            &sim_task(&format!("sim-{i}"), "helm-uninstall", 500, 0),
+        )
+        .await;
+    }
+    create(&client, &ns, &example("hello.yaml", "real", |_| {})).await;
+    wait_all_terminal(&client, &ns, LONG).await;
+    assert!(
+        !pods_of(&client, &ns, "real").await.is_empty(),
+        "the worker pod of a finished task stays with it"
+    );
+
+    // The documented way (README, "Install with Helm"): delete the tasks, then uninstall. Worker
+    // pods belong to their task (owner reference) and go with it.
+    kubectl_ok(&[
+        "delete",
+        "axtasks",
+        "--all",
+        "-n",
+        &ns,
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    let workers: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = workers
+            .list(&ListParams::default().labels("ax.dev/task"))
+            .await
+            .expect("list worker pods")
+            .items;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker pods left after their tasks were deleted: {:?}",
+            left.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    release.uninstall();
+
+    // Everything the chart made is gone; the operator pods (and so the Lease holder) too.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let selector = format!("app.kubernetes.io/instance={RELEASE}");
+    loop {
+        let (_, namespaced, _) = run_kubectl(
+            &[
+                "-n",
+                &ns,
+                "get",
+                "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings",
+                "-l",
+                &selector,
+                "-o",
+                "name",
+            ],
+            None,
+        );
+        let (_, cluster, _) = run_kubectl(
+            &[
+                "get",
+                "clusterroles,clusterrolebindings",
+                "-l",
+                &selector,
+                "-o",
+                "name",
+            ],
+            None,
+        );
+        let left: Vec<&str> = namespaced.lines().chain(cluster.lines()).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left after helm uninstall: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let remaining: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert!(remaining.is_empty(), "pods left in {ns}: {remaining:?}");
+    assert!(
+        helm(&["list", "--namespace", &ns, "--short"])
+            .trim()
+            .is_empty(),
+        "the release is gone"
+    );
+    // The Lease is the operator's own record, not the chart's: it may stay, but what held it is
+    // gone (no pod at all is left in the namespace).
+    let holder = lease_holder(&client, &ns).await;
+    assert!(
+        holder.is_none() || holder.as_ref().is_some_and(|h| names.contains(h)),
+        "Lease held by {holder:?}, not one of the operator pods {names:?} (leader was {leader})"
+    );
+    // Helm never deletes CRDs: the AxTask API and everything stored in it outlive the release.
+    kubectl_ok(&["get", "crd", "axtasks.ax.dev"]);
+}
