@@ -18,9 +18,11 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Parser, Debug)]
 #[command(name = "ax-operator", version, about = "Runs AxTasks as worker pods: queue, dispatch, supervise, retry")]
 struct Args {
-    /// Maximum number of tasks Scheduled or Running at once.
+    /// `spec.concurrency` (most tasks Scheduled or Running at once) of the `default` AxQueue when
+    /// the operator creates it because it is missing. An existing queue is never changed: limits
+    /// live in the AxQueues (`kubectl edit axqueue default`) and edits apply without a restart.
     #[arg(long, env = "AX_CONCURRENCY", default_value_t = 100)]
-    concurrency: usize,
+    concurrency: u32,
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, env = "AX_LOG_FORMAT", value_parser = ["text", "json"], default_value = "text")]
     log_format: String,
@@ -74,7 +76,7 @@ async fn main() -> Result<(), BoxError> {
     });
     info!(%addr, "serving /metrics, /healthz, /readyz");
 
-    let settings = Settings { concurrency: args.concurrency, identity: identity.clone(), metrics: metrics.clone() };
+    let settings = Settings { default_queue_concurrency: args.concurrency, identity: identity.clone(), metrics: metrics.clone() };
     if !args.leader_elect {
         http_state.set_role_known(true);
         metrics.set_leader(true);

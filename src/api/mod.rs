@@ -1,9 +1,11 @@
 //! Custom resource types: the contract users see. No logic beyond defaults lives here.
 
 pub mod dag;
+pub mod queue;
 pub mod task;
 
 pub use dag::*;
+pub use queue::*;
 pub use task::*;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

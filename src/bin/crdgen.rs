@@ -1,12 +1,13 @@
 //! Prints the CustomResourceDefinitions of ax as YAML, or writes one file each into a directory.
 
-use ax::api::{AxDag, AxTask};
+use ax::api::{AxDag, AxQueue, AxTask};
 use kube::CustomResourceExt;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let crds = [
         ("axtasks.yaml", AxTask::crd()),
         ("axdags.yaml", AxDag::crd()),
+        ("axqueues.yaml", AxQueue::crd()),
     ];
     match std::env::args().nth(1) {
         Some(dir) => {

@@ -3,6 +3,7 @@
 pub mod callback;
 pub mod dag;
 pub mod dispatch;
+pub mod queue;
 pub mod run;
 pub mod task;
 
@@ -15,8 +16,7 @@ use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use tokio::sync::Notify;
 
-use crate::api::AxTask;
-use crate::core::fifo::FifoQueue;
+use crate::api::{AxQueue, AxTask};
 use crate::ops::metrics::Metrics;
 
 /// The field manager of every write the operator makes.
@@ -44,7 +44,9 @@ pub struct Context {
     pub tasks: Store<AxTask>,
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
-    pub queue: Mutex<FifoQueue<TaskKey>>,
+    pub queue_store: Store<AxQueue>,
+    /// One dispatcher per AxQueue and where every queued task is.
+    pub queues: queue::Queues,
     /// The copy of each queued task as the reconciler last wrote it, which the cache may not have
     /// caught up with yet when the dispatcher picks the task.
     pub queued_copies: Mutex<HashMap<TaskKey, Arc<AxTask>>>,
@@ -54,16 +56,6 @@ pub struct Context {
     pub operator: String,
     pub callbacks: callback::Callbacks,
     pub metrics: Arc<Metrics>,
-}
-
-impl Context {
-    /// Locks the queue; a panic while holding it cannot leave it half-updated in a way that matters
-    /// more than stopping dispatch, so a poisoned lock is simply taken over.
-    pub fn queue(&self) -> std::sync::MutexGuard<'_, FifoQueue<TaskKey>> {
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 pub type Ctx = Arc<Context>;

@@ -1,5 +1,5 @@
-//! Wiring: informers (reflectors) for tasks, their pods and nodes, the AxTask controller and the
-//! dispatcher, running side by side.
+//! Wiring: informers (reflectors) for tasks, their pods, nodes and queues, the AxTask controller,
+//! the dispatcher and the AxQueue watcher and status writer, running side by side.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,15 +15,14 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
-use super::{Context, dispatch, task};
-use crate::api::AxTask;
-use crate::core::fifo::FifoQueue;
+use super::{Context, dispatch, queue, task};
+use crate::api::{AxQueue, AxTask};
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
 
 pub struct Settings {
-    /// Maximum tasks Scheduled or Running at once.
-    pub concurrency: usize,
+    /// `spec.concurrency` of the `default` AxQueue when the operator creates it.
+    pub default_queue_concurrency: u32,
     /// Who we are, for history entries and Events (`ax-operator/<pod>`).
     pub identity: String,
     pub metrics: Arc<Metrics>,
@@ -36,6 +35,7 @@ pub async fn run(
     let tasks_api: Api<AxTask> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
+    let queues_api: Api<AxQueue> = Api::all(client.clone());
 
     let (pods, pods_writer) = reflector::store();
     let pod_events = reflector::reflector(
@@ -51,6 +51,12 @@ pub async fn run(
     )
     .for_each(|_| async {});
 
+    let (queue_store, queues_writer) = reflector::store();
+    let queue_events = reflector::reflector(
+        queues_writer,
+        watcher(queues_api, watcher::Config::default()).default_backoff(),
+    );
+
     let controller = Controller::new(tasks_api, watcher::Config::default()).owns_stream(pod_events);
     let reporter = Reporter {
         controller: "ax-operator".into(),
@@ -62,7 +68,8 @@ pub async fn run(
         tasks: controller.store(),
         pods: pods.clone(),
         nodes: nodes.clone(),
-        queue: Mutex::new(FifoQueue::new(settings.concurrency)),
+        queue_store,
+        queues: queue::Queues::default(),
         queued_copies: Mutex::new(HashMap::new()),
         dispatch_wanted: Notify::new(),
         operator: format!("ax-operator/{}", settings.identity),
@@ -83,10 +90,12 @@ pub async fn run(
             })
             .await
     };
-    info!(concurrency = settings.concurrency, "ax-operator running");
+    info!("ax-operator running");
     tokio::select! {
         _ = controller_run => {}
         _ = dispatch::run(ctx.clone()) => {}
+        _ = queue::watch(ctx.clone(), queue_events) => {}
+        _ = queue::maintain(ctx.clone(), settings.default_queue_concurrency) => {}
         _ = count_tasks(ctx.clone()) => {}
         _ = super::dag::run(client.clone(), ctx.recorder.clone(), ctx.metrics.clone()) => {}
     }
@@ -94,7 +103,7 @@ pub async fn run(
     Ok(())
 }
 
-/// How often `ax_tasks` and `ax_queue_pending` are recomputed from the cache.
+/// How often `ax_tasks` is recomputed from the cache.
 const COUNT_EVERY: Duration = Duration::from_secs(2);
 
 /// Keeps the per-phase task gauges in step with the cache: one pass over it every couple of
@@ -110,7 +119,5 @@ async fn count_tasks(ctx: super::Ctx) {
             *counts.entry(key).or_default() += 1;
         }
         ctx.metrics.set_task_counts(counts);
-        let pending = ctx.queue().pending();
-        ctx.metrics.set_queue_pending([(("default", "All"), pending)]);
     }
 }

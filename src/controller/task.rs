@@ -12,8 +12,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey};
+use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, queue};
 use crate::api::{AxTask, AxTaskStatus, HistoryEntry, TaskPhase};
+use crate::core::queue::Outcome;
 use crate::core::task::{self as core, Action, Clock, Decision, QueueState};
 use crate::core::worker;
 
@@ -107,7 +108,13 @@ pub async fn apply(task: &AxTask, decision: Decision, ctx: &Ctx) -> Result<Reque
         }
     }
     publish_transitions(&written, &decision.transitions, ctx);
-    update_queue(&key, decision.queue, &written, ctx);
+    update_queue(
+        &key,
+        decision.queue,
+        core::attempt_outcome(&decision),
+        &written,
+        ctx,
+    );
 
     for action in &decision.actions {
         match action {
@@ -155,36 +162,48 @@ pub async fn write_status(task: &AxTask, status: &AxTaskStatus, ctx: &Ctx) -> Re
         .await?)
 }
 
-fn update_queue(key: &TaskKey, state: QueueState, task: &Arc<AxTask>, ctx: &Ctx) {
-    let mut queue = ctx.queue();
+/// Tells the task's queue where the task stands: the outcome of an attempt that just ended first
+/// (it frees the slot and feeds the circuit breaker), then whether it waits for dispatch.
+fn update_queue(
+    key: &TaskKey,
+    state: QueueState,
+    outcome: Option<Outcome>,
+    task: &Arc<AxTask>,
+    ctx: &Ctx,
+) {
+    let mut queues = ctx.queues.lock();
+    let mut wake = outcome.is_some_and(|o| queues.finished(key, o, jiff::Timestamp::now()));
     match state {
         QueueState::Ready => {
-            let queued_at = task
-                .status
-                .as_ref()
-                .and_then(|s| s.queued_at)
-                .unwrap_or_else(jiff::Timestamp::now);
-            queue.upsert(key.clone(), queued_at);
-            drop(queue);
-            ctx.queued_copies
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(key.clone(), task.clone());
-            ctx.dispatch_wanted.notify_one();
+            let taken = queues.upsert(
+                key,
+                &task.spec.queue,
+                queue::pending_task(task),
+                queue::version_of(task.as_ref()),
+            );
+            drop(queues);
+            if taken {
+                ctx.queued_copies
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone(), task.clone());
+                wake = true;
+            }
         }
-        QueueState::Running => queue.mark_running(key.clone()),
+        QueueState::Running => {
+            queues.mark_running(key, &task.spec.queue, &task.spec.task_type);
+        }
         QueueState::Waiting | QueueState::Done => {
-            let freed = queue.running().any(|k| k == key);
-            queue.finished(key);
-            drop(queue);
+            wake |= queues.remove(key);
+            drop(queues);
             ctx.queued_copies
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(key);
-            if freed {
-                ctx.dispatch_wanted.notify_one();
-            }
         }
+    }
+    if wake {
+        ctx.dispatch_wanted.notify_one();
     }
 }
 
@@ -274,14 +293,21 @@ fn record_metrics(task: &AxTask, t: &HistoryEntry, ctx: &Ctx) {
     let status = task.status.as_ref();
     match t.to {
         TaskPhase::Pending if t.from.is_some() => {
-            let kind = status.and_then(|s| s.last_failure.as_ref()).map_or("Unknown", |f| f.kind.as_str());
+            let kind = status
+                .and_then(|s| s.last_failure.as_ref())
+                .map_or("Unknown", |f| f.kind.as_str());
             metrics.retried(task_type, kind);
         }
-        TaskPhase::Dead => metrics.dead(task_type, &t.reason),
+        TaskPhase::Dead => {
+            metrics.dead(task_type, &t.reason);
+            ctx.queues.lock().count_dead(&task.spec.queue);
+        }
         _ => {}
     }
     if t.to.is_terminal() {
-        let since = status.and_then(|s| s.history.first()).map_or(t.time, |h| h.time);
+        let since = status
+            .and_then(|s| s.history.first())
+            .map_or(t.time, |h| h.time);
         let took = std::time::Duration::try_from(t.time.duration_since(since)).unwrap_or_default();
         metrics.task_finished(task_type, t.to.as_str(), took);
     }

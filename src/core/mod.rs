@@ -4,7 +4,6 @@
 pub mod backoff;
 pub mod breaker;
 pub mod dag;
-pub mod fifo;
 pub mod queue;
 pub mod task;
 pub mod token_bucket;

@@ -967,7 +967,15 @@ pub fn held(
     let generation = s.observed_generation;
     set_condition(&mut s, "Queued", "True", reason, message, now, generation);
     if circuit {
-        set_condition(&mut s, "CircuitOpen", "True", "CircuitOpen", message, now, generation);
+        set_condition(
+            &mut s,
+            "CircuitOpen",
+            "True",
+            "CircuitOpen",
+            message,
+            now,
+            generation,
+        );
     } else {
         release_circuit_condition(&mut s, now, generation);
     }
@@ -985,11 +993,9 @@ pub fn attempt_outcome(d: &Decision) -> Option<Outcome> {
     Some(match ended.to {
         TaskPhase::Succeeded => Outcome::Succeeded,
         TaskPhase::Failed | TaskPhase::TimedOut => {
-            let infrastructure = d
-                .status
-                .last_failure
-                .as_ref()
-                .is_some_and(|f| f.attempt == ended.attempt && f.kind == FailureKind::Infrastructure);
+            let infrastructure = d.status.last_failure.as_ref().is_some_and(|f| {
+                f.attempt == ended.attempt && f.kind == FailureKind::Infrastructure
+            });
             if infrastructure {
                 Outcome::Aborted
             } else {

@@ -2619,3 +2619,169 @@ proptest! {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// What the queue holds a task for, and what it learns when an attempt ends
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn held_reasons_are_written_once_and_kept_by_reconciles() {
+    let spec = spec();
+    let queued = admitted(&spec, t(0));
+    let held_status = held(
+        &queued,
+        "ConcurrencyLimit",
+        "the concurrency is in use",
+        t(1),
+    )
+    .expect("a new reason is a change");
+    assert_eq!(
+        condition_status(&held_status, "Queued"),
+        pair("True", "ConcurrencyLimit")
+    );
+    assert_eq!(
+        held(&held_status, "ConcurrencyLimit", "other words", t(2)),
+        None,
+        "the same reason is no change"
+    );
+    // A reconcile of the held task keeps what the dispatcher said.
+    let d = step(&spec, &held_status, None, t(3));
+    assert_eq!(d.status, held_status, "nothing to write");
+    // Dispatch ends the hold.
+    let scheduled = dispatched(&spec, &held_status, t(4));
+    assert_eq!(
+        condition_status(&scheduled, "Queued"),
+        pair("False", "Scheduled")
+    );
+}
+
+#[test]
+fn circuit_open_sets_and_clears_its_own_condition() {
+    let spec = spec();
+    let queued = admitted(&spec, t(0));
+    let open = held(
+        &queued,
+        "CircuitOpen",
+        "the circuit of report is open",
+        t(1),
+    )
+    .expect("change");
+    assert_eq!(
+        condition_status(&open, "Queued"),
+        pair("True", "CircuitOpen")
+    );
+    assert_eq!(
+        condition_status(&open, "CircuitOpen"),
+        pair("True", "CircuitOpen")
+    );
+    let step_status = step(&spec, &open, None, t(2)).status;
+    assert_eq!(
+        condition_status(&step_status, "CircuitOpen"),
+        pair("True", "CircuitOpen"),
+        "a reconcile keeps the hold"
+    );
+    let type_limited = held(&open, "TypeConcurrencyLimit", "limit", t(3)).expect("change");
+    assert_eq!(
+        condition_status(&type_limited, "CircuitOpen"),
+        pair("False", "NotHeld")
+    );
+    // Dispatched straight out of an open-circuit hold (the probe): the condition clears too.
+    let probe = dispatched(&spec, &open, t(31));
+    assert_eq!(
+        condition_status(&probe, "CircuitOpen"),
+        pair("False", "NotHeld")
+    );
+    assert_eq!(
+        condition(&probe, "CircuitOpen").last_transition_time,
+        Time(t(31))
+    );
+}
+
+#[test]
+fn only_eligible_pending_tasks_are_held() {
+    let spec = spec();
+    let delayed = AxTaskSpec {
+        start_after: Some(Time(t(100))),
+        ..spec.clone()
+    };
+    assert_eq!(
+        held(&admitted(&delayed, t(0)), "ConcurrencyLimit", "", t(1)),
+        None
+    );
+    assert_eq!(
+        held(&scheduled_task(&spec), "ConcurrencyLimit", "", t(1)),
+        None
+    );
+    assert_eq!(held(&admitted(&spec, t(0)), "NoSuchReason", "", t(1)), None);
+    // Back in backoff after a failure: the hold of the earlier attempt is gone.
+    let held_status = held(&admitted(&spec, t(0)), "RetryRateLimited", "", t(1)).expect("held");
+    let running = step(
+        &spec,
+        &dispatched(&spec, &held_status, t(2)),
+        Some(&running_pod()),
+        t(3),
+    )
+    .status;
+    let retrying = step(&spec, &running, Some(&failed_pod(1, "")), t(4)).status;
+    assert_eq!(
+        condition_status(&retrying, "Queued"),
+        pair("False", "Backoff")
+    );
+    let due = retrying.next_attempt_at.expect("backoff");
+    let eligible = step(&spec, &retrying, None, due).status;
+    assert_eq!(
+        condition_status(&eligible, "Queued"),
+        pair("True", "Waiting")
+    );
+}
+
+#[test]
+fn attempt_outcomes_as_the_breaker_sees_them() {
+    let spec = spec();
+    let running = running_task(&spec);
+    let outcome = |worker: Option<&WorkerState>, spec: &AxTaskSpec| {
+        attempt_outcome(&step(spec, &running, worker, t(5)))
+    };
+    assert_eq!(
+        outcome(Some(&succeeded_pod()), &spec),
+        Some(Outcome::Succeeded)
+    );
+    // Failed and retried, or failed for good: both are failures of the type.
+    assert_eq!(
+        outcome(Some(&failed_pod(1, "")), &spec),
+        Some(Outcome::Failed)
+    );
+    let no_retries = AxTaskSpec {
+        retry: RetrySpec {
+            max_retries: 0,
+            ..RetrySpec::default()
+        },
+        ..spec.clone()
+    };
+    assert_eq!(
+        outcome(Some(&failed_pod(1, "")), &no_retries),
+        Some(Outcome::Failed)
+    );
+    // Not the type's fault: evicted, deleted under it, canceled.
+    assert_eq!(outcome(Some(&evicted_pod()), &spec), Some(Outcome::Aborted));
+    assert_eq!(outcome(None, &spec), Some(Outcome::Aborted));
+    let canceled = AxTaskSpec {
+        cancel: true,
+        ..spec.clone()
+    };
+    assert_eq!(
+        outcome(Some(&running_pod()), &canceled),
+        Some(Outcome::Aborted)
+    );
+    // Hard timeout is the worker's failure.
+    assert_eq!(
+        attempt_outcome(&step(&spec, &running, Some(&running_pod()), t(601))),
+        Some(Outcome::Failed)
+    );
+    // Nothing ended.
+    assert_eq!(outcome(Some(&running_pod()), &spec), None);
+    assert_eq!(
+        attempt_outcome(&step(&spec, &admitted(&spec, t(0)), None, t(1))),
+        None
+    );
+}

@@ -1,0 +1,283 @@
+//! The `AxQueue` custom resource: how the tasks naming it are dispatched (DESIGN §4).
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Condition;
+
+/// The queue every task names unless it says otherwise; the operator creates it when missing.
+pub const DEFAULT_QUEUE: &str = "default";
+
+/// Priority buckets, fairness between them and overload protection for the tasks naming this queue.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ax.dev",
+    version = "v1alpha1",
+    kind = "AxQueue",
+    status = "AxQueueStatus",
+    shortname = "axq",
+    category = "ax",
+    printcolumn = r#"{"name":"Critical","type":"integer","jsonPath":".status.pending.critical"}"#,
+    printcolumn = r#"{"name":"High","type":"integer","jsonPath":".status.pending.high"}"#,
+    printcolumn = r#"{"name":"Normal","type":"integer","jsonPath":".status.pending.normal"}"#,
+    printcolumn = r#"{"name":"Low","type":"integer","jsonPath":".status.pending.low"}"#,
+    printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.running"}"#,
+    printcolumn = r#"{"name":"Open-Circuits","type":"integer","jsonPath":".status.openCircuitCount"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Concurrency","type":"integer","jsonPath":".spec.concurrency","priority":1}"#,
+    printcolumn = r#"{"name":"Dispatched","type":"integer","jsonPath":".status.dispatched","priority":1}"#,
+    printcolumn = r#"{"name":"Dead","type":"integer","jsonPath":".status.dead","priority":1}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AxQueueSpec {
+    /// Relative dispatch shares of the priority buckets (smooth weighted round robin).
+    #[serde(default)]
+    pub weights: QueueWeights,
+
+    /// How long the next task of a bucket may wait before it goes ahead of the weights.
+    #[serde(default)]
+    pub max_wait_seconds: MaxWaitSeconds,
+
+    /// Most tasks of this queue Scheduled or Running at once; 0 pauses dispatching.
+    #[serde(default = "default_concurrency")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub concurrency: i32,
+
+    /// Per task type, most of its tasks Scheduled or Running at once.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "type_limits")]
+    pub type_concurrency: BTreeMap<String, i32>,
+
+    /// Rate of dispatches of retries (attempts after the first), a token bucket.
+    #[serde(default = "default_retry_rate")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub retry_rate_per_minute: i32,
+
+    /// One breaker per task type, with these thresholds.
+    #[serde(default)]
+    pub circuit_breaker: CircuitBreakerSpec,
+
+    /// Wall-clock windows whose weights replace `weights`; the first window containing the time wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub weight_schedule: Vec<WeightScheduleEntry>,
+}
+
+impl Default for AxQueueSpec {
+    fn default() -> Self {
+        Self {
+            weights: QueueWeights::default(),
+            max_wait_seconds: MaxWaitSeconds::default(),
+            concurrency: default_concurrency(),
+            type_concurrency: BTreeMap::new(),
+            retry_rate_per_minute: default_retry_rate(),
+            circuit_breaker: CircuitBreakerSpec::default(),
+            weight_schedule: Vec::new(),
+        }
+    }
+}
+
+fn default_concurrency() -> i32 {
+    100
+}
+fn default_retry_rate() -> i32 {
+    1000
+}
+
+/// A map of task type to a limit of at least 0.
+fn type_limits(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {"type": "integer", "format": "int32", "minimum": 0},
+    })
+}
+
+/// Weight of each priority bucket; 0 = the bucket goes only when its max-wait is exceeded.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueWeights {
+    #[serde(default = "weight_critical")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub critical: i32,
+    #[serde(default = "weight_high")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub high: i32,
+    #[serde(default = "weight_normal")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub normal: i32,
+    #[serde(default = "weight_low")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub low: i32,
+}
+
+impl Default for QueueWeights {
+    fn default() -> Self {
+        Self {
+            critical: weight_critical(),
+            high: weight_high(),
+            normal: weight_normal(),
+            low: weight_low(),
+        }
+    }
+}
+
+fn weight_critical() -> i32 {
+    4
+}
+fn weight_high() -> i32 {
+    3
+}
+fn weight_normal() -> i32 {
+    2
+}
+fn weight_low() -> i32 {
+    1
+}
+
+/// Per bucket, the longest its next task waits before it is dispatched ahead of the weights;
+/// 0 = no limit.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaxWaitSeconds {
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub critical: i64,
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub high: i64,
+    #[serde(default = "max_wait_normal")]
+    #[schemars(range(min = 0))]
+    pub normal: i64,
+    #[serde(default = "max_wait_low")]
+    #[schemars(range(min = 0))]
+    pub low: i64,
+}
+
+impl Default for MaxWaitSeconds {
+    fn default() -> Self {
+        Self {
+            critical: 0,
+            high: 0,
+            normal: max_wait_normal(),
+            low: max_wait_low(),
+        }
+    }
+}
+
+fn max_wait_normal() -> i64 {
+    30
+}
+fn max_wait_low() -> i64 {
+    120
+}
+
+/// Thresholds of the per-type circuit breakers.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreakerSpec {
+    /// How many of the most recent outcomes of a type are judged; 0 disables the breakers.
+    #[serde(default = "breaker_window")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub window_size: i32,
+    /// Fewer outcomes than this in the window never open the breaker.
+    #[serde(default = "breaker_min_requests")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub min_requests: i32,
+    /// Failures / outcomes at or above which the breaker opens (above 0, at most 1).
+    #[serde(default = "breaker_failure_ratio")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub failure_ratio: f64,
+    /// How long an open breaker holds its type before one probe is let through.
+    #[serde(default = "breaker_open_seconds")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub open_seconds: i64,
+}
+
+impl Default for CircuitBreakerSpec {
+    fn default() -> Self {
+        Self {
+            window_size: breaker_window(),
+            min_requests: breaker_min_requests(),
+            failure_ratio: breaker_failure_ratio(),
+            open_seconds: breaker_open_seconds(),
+        }
+    }
+}
+
+fn breaker_window() -> i32 {
+    20
+}
+fn breaker_min_requests() -> i32 {
+    10
+}
+fn breaker_failure_ratio() -> f64 {
+    0.5
+}
+fn breaker_open_seconds() -> i64 {
+    30
+}
+
+/// A wall-clock window, `from` inclusive and `to` exclusive ("HH:MM", 24-hour) in `timeZone`;
+/// `from` later than `to` wraps midnight, equal covers the whole day.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WeightScheduleEntry {
+    #[schemars(length(min = 1, max = 5))]
+    pub from: String,
+    #[schemars(length(min = 1, max = 5))]
+    pub to: String,
+    /// An IANA time zone such as `Europe/Berlin`.
+    #[serde(default = "default_time_zone")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: String,
+    pub weights: QueueWeights,
+}
+
+fn default_time_zone() -> String {
+    "UTC".into()
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AxQueueStatus {
+    /// Tasks waiting for dispatch, per priority bucket.
+    #[serde(default)]
+    pub pending: PendingCounts,
+    /// Tasks Scheduled or Running.
+    #[serde(default)]
+    pub running: i64,
+    /// Task types whose circuit is open or half-open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open_circuits: Vec<String>,
+    /// Length of `openCircuits`, for `kubectl get`.
+    #[serde(default)]
+    pub open_circuit_count: i64,
+    /// Attempts dispatched from this queue, in all.
+    #[serde(default)]
+    pub dispatched: i64,
+    /// Tasks of this queue that went Dead, in all.
+    #[serde(default)]
+    pub dead: i64,
+    /// `InvalidSpec`: true while the spec cannot be applied (the previous configuration stays).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The last generation the operator has seen (`InvalidSpec` says whether it is in force).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingCounts {
+    #[serde(default)]
+    pub critical: i64,
+    #[serde(default)]
+    pub high: i64,
+    #[serde(default)]
+    pub normal: i64,
+    #[serde(default)]
+    pub low: i64,
+}

@@ -1,0 +1,742 @@
+//! AxQueues on the real cluster, with the operator started by e2e/run-tests.sh: priority shares,
+//! circuit breakers, live edits, invalid specs and missing queues. Workers run on simulated nodes
+//! (e2e/sim), so hundreds of tasks finish in seconds. Every test uses its own AxQueue (they are
+//! cluster-scoped), so tests running side by side do not share limits.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
+use common::*;
+use futures::StreamExt;
+use jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const PRIORITIES: [Priority; 4] = [
+    Priority::Critical,
+    Priority::High,
+    Priority::Normal,
+    Priority::Low,
+];
+
+/// An AxQueue for one test, deleted when the test ends (also when it fails).
+struct TestQueue {
+    name: String,
+}
+
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        run_kubectl(
+            &[
+                "delete",
+                "axqueue",
+                &self.name,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
+}
+
+async fn create_queue(client: &Client, test: &str, spec: serde_json::Value) -> TestQueue {
+    let name = format!("e2e-{test}-{:04x}", rand::random::<u16>());
+    let queue: AxQueue = serde_json::from_value(json!({
+        "apiVersion": "ax.dev/v1alpha1",
+        "kind": "AxQueue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("an AxQueue");
+    let api: Api<AxQueue> = Api::all(client.clone());
+    api.create(&PostParams::default(), &queue)
+        .await
+        .expect("create queue");
+    TestQueue { name }
+}
+
+async fn patch_queue(client: &Client, name: &str, spec: serde_json::Value) {
+    let api: Api<AxQueue> = Api::all(client.clone());
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": spec})),
+    )
+    .await
+    .expect("patch queue");
+}
+
+/// Polls the queue until `done` holds, or panics after `timeout` showing its last status.
+async fn wait_queue(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&AxQueue) -> bool,
+) -> AxQueue {
+    let api: Api<AxQueue> = Api::all(client.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        let queue = api.get(name).await.expect("get queue");
+        if done(&queue) {
+            return queue;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue {name}: {what} not within {timeout:?}; last status:\n{}",
+            serde_yaml::to_string(&queue.status).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn queue_condition(queue: &AxQueue, type_: &str) -> Option<(String, String)> {
+    queue
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// A task for a simulated node that "runs" for `millis` and exits with `exit_code`; no retries.
+fn sim_task(
+    name: &str,
+    queue: &str,
+    priority: Priority,
+    task_type: &str,
+    millis: u64,
+    exit_code: i32,
+) -> AxTask {
+    serde_json::from_value(json!({
+        "apiVersion": "ax.dev/v1alpha1",
+        "kind": "AxTask",
+        "metadata": {"name": name},
+        "spec": {
+            "type": task_type,
+            "queue": queue,
+            "priority": priority.as_str(),
+            "retry": {"maxRetries": 0},
+            "template": {"spec": sim_pod_spec(millis, exit_code)},
+        },
+    }))
+    .expect("an AxTask")
+}
+
+fn sim_pod_spec(millis: u64, exit_code: i32) -> serde_json::Value {
+    json!({
+        "nodeSelector": {"ax.dev/sim-node": "true"},
+        "tolerations": [{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{
+            "name": "worker",
+            "image": "localhost/ax-busybox:1",
+            "env": [
+                {"name": "AX_SIM_START_MS", "value": "50"},
+                {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
+                {"name": "AX_SIM_EXIT_CODE", "value": exit_code.to_string()},
+            ],
+        }],
+    })
+}
+
+/// Creates the tasks a few at a time (the API server of the test cluster is small).
+async fn create_all(client: &Client, ns: &str, tasks: Vec<AxTask>) {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    futures::stream::iter(tasks)
+        .for_each_concurrent(16, |task| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &task)
+                    .await
+                    .unwrap_or_else(|e| panic!("create task {}: {e}", task.name_any()));
+            }
+        })
+        .await;
+}
+
+async fn list_tasks(client: &Client, ns: &str) -> Vec<AxTask> {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default())
+        .await
+        .expect("list tasks")
+        .items
+}
+
+/// Polls the namespace until every task is terminal.
+async fn wait_all_terminal(client: &Client, ns: &str, timeout: Duration) -> Vec<AxTask> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let tasks = list_tasks(client, ns).await;
+        let open: Vec<String> = tasks
+            .iter()
+            .filter(|t| !phase(t).is_some_and(TaskPhase::is_terminal))
+            .map(|t| t.name_any())
+            .collect();
+        if open.is_empty() {
+            return tasks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks in {ns} not finished within {timeout:?}, e.g. {:?}",
+            open.len(),
+            &open[..open.len().min(5)]
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn scheduled_at(task: &AxTask) -> Timestamp {
+    task.status
+        .as_ref()
+        .and_then(|s| s.scheduled_at)
+        .unwrap_or_else(|| panic!("{} was never dispatched", task.name_any()))
+}
+
+/// The tasks' priorities in dispatch order.
+fn dispatch_order(tasks: &[AxTask]) -> Vec<(Timestamp, Priority)> {
+    let mut order: Vec<(Timestamp, Priority)> = tasks
+        .iter()
+        .map(|t| (scheduled_at(t), t.spec.priority))
+        .collect();
+    order.sort();
+    order
+}
+
+/// The dispatches from the start of `order` up to the one that took the last task of some
+/// priority: the stretch during which every priority in `order` still had tasks waiting.
+fn while_all_waiting(order: &[(Timestamp, Priority)]) -> &[(Timestamp, Priority)] {
+    let last_of = |p: Priority| order.iter().rposition(|(_, q)| *q == p);
+    let end = PRIORITIES
+        .iter()
+        .filter_map(|p| last_of(*p))
+        .min()
+        .expect("some dispatches");
+    &order[..=end]
+}
+
+fn shares(dispatches: &[(Timestamp, Priority)]) -> BTreeMap<Priority, f64> {
+    let mut counts: BTreeMap<Priority, usize> = BTreeMap::new();
+    for (_, p) in dispatches {
+        *counts.entry(*p).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(p, n)| (p, n as f64 / dispatches.len() as f64))
+        .collect()
+}
+
+fn queued_reason(task: &AxTask) -> Option<String> {
+    task.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Queued")
+        .map(|c| c.reason.clone())
+}
+
+/// Waits until the queue's status counts `n` tasks pending, so all of them are queued before the
+/// queue opens.
+async fn wait_pending(client: &Client, queue: &str, n: i64) {
+    wait_queue(client, queue, LONG, &format!("{n} pending"), |q| {
+        q.status.as_ref().is_some_and(|s| {
+            let p = &s.pending;
+            p.critical + p.high + p.normal + p.low == n
+        })
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn four_hundred_tasks_are_dispatched_in_weighted_priority_shares() {
+    const PER_PRIORITY: usize = 100;
+    let client = client().await;
+    let ns = namespace(&client, "q-shares").await;
+    // Closed (concurrency 0) while the tasks are created, so every priority waits from the start.
+    // No max-wait: only the weights decide.
+    let queue = create_queue(
+        &client,
+        "shares",
+        json!({
+            "concurrency": 0,
+            "weights": {"critical": 4, "high": 3, "normal": 2, "low": 1},
+            "maxWaitSeconds": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        }),
+    )
+    .await;
+    let tasks: Vec<AxTask> = (0..PER_PRIORITY)
+        .flat_map(|i| {
+            PRIORITIES.map(|p| {
+                let name = format!("{}-{i:03}", p.as_str().to_lowercase());
+                sim_task(&name, &queue.name, p, "share", 200, 0)
+            })
+        })
+        .collect();
+    create_all(&client, &ns, tasks).await;
+    wait_pending(&client, &queue.name, (4 * PER_PRIORITY) as i64).await;
+    // A closed queue says why its tasks wait.
+    wait_task(&client, &ns, "low-000", LONG, |t| {
+        queued_reason(t).as_deref() == Some("ConcurrencyLimit")
+    })
+    .await;
+
+    patch_queue(&client, &queue.name, json!({"concurrency": 8})).await;
+    let tasks = wait_all_terminal(&client, &ns, Duration::from_secs(300)).await;
+    assert!(tasks.iter().all(|t| phase(t) == Some(TaskPhase::Succeeded)));
+    let order = dispatch_order(&tasks);
+    let window = while_all_waiting(&order);
+    let observed = shares(window);
+    println!(
+        "dispatches while all four priorities waited: {}; shares {observed:?}",
+        window.len()
+    );
+    let expected = [
+        (Priority::Critical, 0.4),
+        (Priority::High, 0.3),
+        (Priority::Normal, 0.2),
+        (Priority::Low, 0.1),
+    ];
+    for (p, want) in expected {
+        let got = observed.get(&p).copied().unwrap_or(0.0);
+        assert!(
+            (got - want).abs() <= 0.1 * want,
+            "{p:?}: share {got:.3}, want {want} ± 10 % (all: {observed:?})"
+        );
+    }
+    let done = wait_queue(&client, &queue.name, LONG, "dispatched 400", |q| {
+        q.status
+            .as_ref()
+            .is_some_and(|s| s.dispatched == 400 && s.running == 0)
+    })
+    .await;
+    assert_eq!(done.status.unwrap().open_circuits, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn patching_the_weights_mid_run_changes_the_shares() {
+    const PER_PRIORITY: usize = 100;
+    let client = client().await;
+    let ns = namespace(&client, "q-reweigh").await;
+    let queue = create_queue(
+        &client,
+        "reweigh",
+        json!({
+            "concurrency": 0,
+            "weights": {"critical": 1, "high": 1, "normal": 1, "low": 1},
+            "maxWaitSeconds": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        }),
+    )
+    .await;
+    let tasks: Vec<AxTask> = (0..PER_PRIORITY)
+        .flat_map(|i| {
+            [Priority::High, Priority::Low].map(|p| {
+                let name = format!("{}-{i:03}", p.as_str().to_lowercase());
+                sim_task(&name, &queue.name, p, "reweigh", 200, 0)
+            })
+        })
+        .collect();
+    create_all(&client, &ns, tasks).await;
+    wait_pending(&client, &queue.name, (2 * PER_PRIORITY) as i64).await;
+    patch_queue(&client, &queue.name, json!({"concurrency": 6})).await;
+
+    // Re-weigh once about a quarter of the tasks went.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let tasks = list_tasks(&client, &ns).await;
+        let started = tasks
+            .iter()
+            .filter(|t| t.status.as_ref().is_some_and(|s| s.scheduled_at.is_some()))
+            .count();
+        if started >= 50 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {started} dispatched");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    patch_queue(
+        &client,
+        &queue.name,
+        json!({"weights": {"critical": 1, "high": 4, "normal": 1, "low": 1}}),
+    )
+    .await;
+    let patched_at = Timestamp::now();
+
+    let tasks = wait_all_terminal(&client, &ns, Duration::from_secs(300)).await;
+    let order = dispatch_order(&tasks);
+    let before: Vec<_> = order
+        .iter()
+        .copied()
+        .filter(|(at, _)| *at < patched_at)
+        .collect();
+    // Give the edit a second to travel through the watch.
+    let settled = patched_at + jiff::SignedDuration::from_secs(1);
+    let after: Vec<_> = order
+        .iter()
+        .copied()
+        .filter(|(at, _)| *at > settled)
+        .collect();
+    let after = while_all_waiting(&after);
+    let high_before = shares(&before).get(&Priority::High).copied().unwrap_or(0.0);
+    let high_after = shares(after).get(&Priority::High).copied().unwrap_or(0.0);
+    println!(
+        "High share: {high_before:.3} over {} dispatches at 1:1, {high_after:.3} over {} at 4:1",
+        before.len(),
+        after.len()
+    );
+    assert!(
+        before.len() >= 40 && after.len() >= 40,
+        "enough dispatches on each side"
+    );
+    assert!(
+        (0.4..=0.6).contains(&high_before),
+        "at 1:1 High had {high_before:.3}"
+    );
+    assert!(
+        (0.72..=0.88).contains(&high_after),
+        "at 4:1 High had {high_after:.3}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_type_opens_its_circuit_while_others_flow_and_closes_when_it_recovers() {
+    const FLAKY: usize = 14;
+    const STEADY: usize = 40;
+    let client = client().await;
+    let ns = namespace(&client, "q-circuit").await;
+    let queue = create_queue(
+        &client,
+        "circuit",
+        json!({
+            "concurrency": 4,
+            "typeConcurrency": {"flaky": 2},
+            "circuitBreaker": {"windowSize": 10, "minRequests": 4, "failureRatio": 0.5, "openSeconds": 10},
+            "maxWaitSeconds": {"critical": 0, "high": 0, "normal": 0, "low": 0},
+        }),
+    )
+    .await;
+    let mut tasks: Vec<AxTask> = (0..FLAKY)
+        .map(|i| {
+            sim_task(
+                &format!("flaky-{i:02}"),
+                &queue.name,
+                Priority::High,
+                "flaky",
+                200,
+                1,
+            )
+        })
+        .collect();
+    tasks.extend((0..STEADY).map(|i| {
+        sim_task(
+            &format!("steady-{i:02}"),
+            &queue.name,
+            Priority::Normal,
+            "steady",
+            500,
+            0,
+        )
+    }));
+    create_all(&client, &ns, tasks).await;
+
+    let opened = wait_queue(&client, &queue.name, LONG, "circuit of flaky open", |q| {
+        q.status
+            .as_ref()
+            .is_some_and(|s| s.open_circuits == ["flaky"] && s.open_circuit_count == 1)
+    })
+    .await;
+    let opened_at = Timestamp::now();
+    println!("circuit open: {:?}", opened.status);
+
+    // The held flaky tasks say so.
+    let deadline = Instant::now() + LONG;
+    let held = loop {
+        let tasks = list_tasks(&client, &ns).await;
+        let held: Vec<AxTask> = tasks
+            .into_iter()
+            .filter(|t| {
+                t.spec.task_type == "flaky"
+                    && phase(t) == Some(TaskPhase::Pending)
+                    && queued_reason(t).as_deref() == Some("CircuitOpen")
+                    && t.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "CircuitOpen" && c.status == "True")
+                    })
+            })
+            .collect();
+        if !held.is_empty() {
+            break held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no flaky task held with reason CircuitOpen"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+
+    // Meanwhile the steady type keeps being dispatched.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let tasks = list_tasks(&client, &ns).await;
+        let steady_after = tasks
+            .iter()
+            .filter(|t| t.spec.task_type == "steady")
+            .filter(|t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.scheduled_at)
+                    .is_some_and(|at| at > opened_at)
+            })
+            .count();
+        if steady_after >= 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "steady tasks stopped flowing while flaky's circuit was open"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // The type recovers: the flaky tasks still waiting now succeed. The next probe closes the
+    // circuit and the rest follow.
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let waiting: Vec<String> = list_tasks(&client, &ns)
+        .await
+        .into_iter()
+        .filter(|t| t.spec.task_type == "flaky" && phase(t) == Some(TaskPhase::Pending))
+        .map(|t| t.name_any())
+        .collect();
+    assert!(!waiting.is_empty() && held.len() <= waiting.len());
+    for name in &waiting {
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"spec": sim_pod_spec(200, 0)}}})),
+        )
+        .await
+        .expect("patch flaky task");
+    }
+    let tasks = wait_all_terminal(&client, &ns, Duration::from_secs(180)).await;
+    // One probe may have been dispatched between listing and patching, with the failing worker.
+    let mut patched_but_dead = 0;
+    for t in &tasks {
+        let patched = waiting.contains(&t.name_any());
+        match (t.spec.task_type.as_str(), patched, phase(t)) {
+            ("steady", _, Some(TaskPhase::Succeeded))
+            | ("flaky", true, Some(TaskPhase::Succeeded))
+            | ("flaky", false, Some(TaskPhase::Dead)) => {}
+            ("flaky", true, Some(TaskPhase::Dead)) => patched_but_dead += 1,
+            (_, _, p) => panic!("{} ended {p:?}", t.name_any()),
+        }
+    }
+    assert!(
+        patched_but_dead <= 1,
+        "{patched_but_dead} patched tasks failed"
+    );
+    let dead = tasks
+        .iter()
+        .filter(|t| phase(t) == Some(TaskPhase::Dead))
+        .count();
+    assert!(dead >= 4, "the circuit opened after {dead} failures");
+    let closed = wait_queue(&client, &queue.name, LONG, "circuit closed", |q| {
+        q.status
+            .as_ref()
+            .is_some_and(|s| s.open_circuits.is_empty() && s.running == 0)
+    })
+    .await;
+    let status = closed.status.unwrap();
+    assert_eq!(status.dead, dead as i64);
+    assert_eq!(status.dispatched, (FLAKY + STEADY) as i64);
+    // A released task's CircuitOpen condition ends false.
+    let released = api.get(&held[0].name_any()).await.expect("get task");
+    let condition = released
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "CircuitOpen")
+        .expect("CircuitOpen condition");
+    assert_eq!(condition.status, "False");
+}
+
+#[tokio::test]
+async fn an_invalid_queue_spec_is_reported_and_the_previous_one_stays() {
+    let client = client().await;
+    let ns = namespace(&client, "q-invalid").await;
+    let queue = create_queue(
+        &client,
+        "invalid",
+        json!({"weightSchedule": [{"from": "22:00", "to": "06:00", "timeZone": "Mars/Olympus", "weights": {"low": 9}}]}),
+    )
+    .await;
+    let invalid = wait_queue(&client, &queue.name, LONG, "InvalidSpec", |q| {
+        queue_condition(q, "InvalidSpec") == Some(("True".into(), "InvalidSpec".into()))
+    })
+    .await;
+    let message = invalid.status.unwrap().conditions[0].message.clone();
+    assert!(message.contains("Mars/Olympus"), "{message}");
+    let events = wait_queue_events(&client, &queue.name, "InvalidSpec").await;
+    assert!(events.iter().any(|e| e.type_.as_deref() == Some("Warning")));
+
+    // Never valid: its tasks wait and say why.
+    create_all(
+        &client,
+        &ns,
+        vec![sim_task(
+            "first",
+            &queue.name,
+            Priority::Normal,
+            "edit",
+            100,
+            0,
+        )],
+    )
+    .await;
+    wait_task(&client, &ns, "first", LONG, |t| {
+        queued_reason(t).as_deref() == Some("QueueInvalid")
+    })
+    .await;
+
+    // Fixed: the task runs.
+    patch_queue(
+        &client,
+        &queue.name,
+        json!({"concurrency": 1, "weightSchedule": [{"from": "22:00", "to": "06:00", "timeZone": "Europe/Berlin", "weights": {"low": 9}}]}),
+    )
+    .await;
+    wait_phase(&client, &ns, "first", TaskPhase::Succeeded, LONG).await;
+    wait_queue(&client, &queue.name, LONG, "valid again", |q| {
+        queue_condition(q, "InvalidSpec") == Some(("False".into(), "Valid".into()))
+    })
+    .await;
+
+    // Broken again ("25:00"): reported, and concurrency 1 stays in force for new tasks.
+    patch_queue(
+        &client,
+        &queue.name,
+        json!({"concurrency": 5, "weightSchedule": [{"from": "25:00", "to": "06:00", "timeZone": "UTC", "weights": {"low": 9}}]}),
+    )
+    .await;
+    wait_queue(&client, &queue.name, LONG, "InvalidSpec again", |q| {
+        queue_condition(q, "InvalidSpec") == Some(("True".into(), "InvalidSpec".into()))
+    })
+    .await;
+    create_all(
+        &client,
+        &ns,
+        (0..3)
+            .map(|i| {
+                sim_task(
+                    &format!("next-{i}"),
+                    &queue.name,
+                    Priority::Normal,
+                    "edit",
+                    1500,
+                    0,
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let tasks = wait_all_terminal(&client, &ns, LONG).await;
+    let mut runs: Vec<(Timestamp, Timestamp)> = tasks
+        .iter()
+        .filter(|t| t.name_any().starts_with("next-"))
+        .map(|t| {
+            let s = t.status.as_ref().expect("status");
+            (
+                s.scheduled_at.expect("dispatched"),
+                s.finished_at.expect("finished"),
+            )
+        })
+        .collect();
+    runs.sort();
+    for pair in runs.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "with concurrency 1 in force the tasks ran one after another: {runs:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_task_naming_a_missing_queue_waits_until_the_queue_exists() {
+    let client = client().await;
+    let ns = namespace(&client, "q-missing").await;
+    // The operator keeps the default queue; its columns show in kubectl.
+    let (ok, out, err) = run_kubectl(&["get", "axqueue", "default"], None);
+    assert!(ok, "{err}");
+    let header = out.lines().next().unwrap_or_default().to_string();
+    for column in [
+        "NAME",
+        "CRITICAL",
+        "HIGH",
+        "NORMAL",
+        "LOW",
+        "RUNNING",
+        "OPEN-CIRCUITS",
+        "AGE",
+    ] {
+        assert!(header.contains(column), "{column} missing in {header:?}");
+    }
+
+    let name = format!("e2e-later-{:04x}", rand::random::<u16>());
+    create_all(
+        &client,
+        &ns,
+        vec![sim_task("orphan", &name, Priority::High, "orphan", 100, 0)],
+    )
+    .await;
+    let waiting = wait_task(&client, &ns, "orphan", LONG, |t| {
+        queued_reason(t).as_deref() == Some("QueueNotFound")
+    })
+    .await;
+    assert_eq!(phase(&waiting), Some(TaskPhase::Pending));
+    let _queue = {
+        let api: Api<AxQueue> = Api::all(client.clone());
+        let queue: AxQueue = serde_json::from_value(json!({
+            "apiVersion": "ax.dev/v1alpha1",
+            "kind": "AxQueue",
+            "metadata": {"name": name},
+            "spec": {},
+        }))
+        .expect("an AxQueue");
+        api.create(&PostParams::default(), &queue)
+            .await
+            .expect("create queue");
+        TestQueue { name: name.clone() }
+    };
+    wait_phase(&client, &ns, "orphan", TaskPhase::Succeeded, LONG).await;
+    wait_queue(&client, &name, LONG, "one dispatched", |q| {
+        q.status.as_ref().is_some_and(|s| s.dispatched == 1)
+    })
+    .await;
+}
+
+async fn wait_queue_events(
+    client: &Client,
+    queue: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::core::v1::Event> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.name={queue},involvedObject.kind=AxQueue"
+        ));
+        let events = api.list(&lp).await.expect("list events").items;
+        if events.iter().any(|e| e.reason.as_deref() == Some(reason)) {
+            return events;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} event for AxQueue {queue}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
