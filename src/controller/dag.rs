@@ -103,6 +103,8 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
         return Ok(Requeue::await_change());
     }
     let uid = dag.uid().ok_or(Error::Incomplete("uid"))?;
+    // Taken before any child is created: `startedAt` is never later than the first child.
+    let now = Timestamp::now();
     let before = dag.status.clone().unwrap_or_default();
     let children = owned_children(&dag, &uid, &ctx);
 
@@ -121,14 +123,13 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
             if dag.spec.cancel {
                 cancel_children(&dag, children.keys(), &children, &ctx).await?;
             }
-            let status = invalid_status(&dag, &before, &error.to_string());
+            let status = invalid_status(&dag, &before, &error.to_string(), now);
             return write_and_publish(&dag, &before, status, &ctx).await;
         }
     };
 
     let mut phases = child_phases(&children);
-    let now = Instant::now();
-    let waiting_for_cache = apply_expectations(&uid, &children, &mut phases, now, &ctx);
+    let waiting_for_cache = apply_expectations(&uid, &children, &mut phases, Instant::now(), &ctx);
     remember_finished_children(&before, &mut phases);
 
     let policy = match dag.spec.failure_policy {
@@ -160,7 +161,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     }
     cancel_children(&dag, evaluation.cancel.iter(), &children, &ctx).await?;
 
-    let status = graph_status(&graph, &dag, &before, &evaluation);
+    let status = graph_status(&graph, &dag, &before, &evaluation, now);
     let requeue = write_and_publish(&dag, &before, status, &ctx).await?;
     Ok(if name_taken {
         Requeue::requeue(NAME_TAKEN_RETRY)
@@ -368,8 +369,8 @@ fn graph_status(
     dag: &AxDag,
     before: &AxDagStatus,
     evaluation: &Evaluation,
+    now: Timestamp,
 ) -> AxDagStatus {
-    let now = Timestamp::now();
     let nodes: BTreeMap<String, DagNodeStatus> = evaluation
         .nodes
         .iter()
@@ -408,9 +409,8 @@ fn graph_status(
     }
 }
 
-fn invalid_status(dag: &AxDag, before: &AxDagStatus, message: &str) -> AxDagStatus {
+fn invalid_status(dag: &AxDag, before: &AxDagStatus, message: &str, now: Timestamp) -> AxDagStatus {
     let generation = dag.metadata.generation;
-    let now = Timestamp::now();
     AxDagStatus {
         phase: Some(DagPhase::Failed),
         nodes: BTreeMap::new(),
