@@ -41,17 +41,54 @@ pub struct DagContext {
     /// Every AxTask labelled `ax.dev/dag`.
     pub children: Store<AxTask>,
     pub metrics: Arc<Metrics>,
-    /// Per DAG uid, the children (by task name) this process created and the cache has not shown
-    /// yet, with when they were created. Without it a reconcile on a lagging cache would count
-    /// fewer children at work than there are, and exceed `parallelism`.
-    expected: Mutex<HashMap<String, HashMap<String, Instant>>>,
+    expected: Mutex<Expectations>,
 }
 
 impl DagContext {
-    fn expected(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, Instant>>> {
+    fn expected(&self) -> std::sync::MutexGuard<'_, Expectations> {
         self.expected
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Per DAG uid, the children (by task name) this process created and the cache has not shown yet,
+/// with when they were created. Without it a reconcile on a lagging cache would count fewer
+/// children at work than there are, and exceed `parallelism`.
+#[derive(Debug, Default)]
+struct Expectations(HashMap<String, HashMap<String, Instant>>);
+
+impl Expectations {
+    fn created(&mut self, dag_uid: &str, task: &str, now: Instant) {
+        self.0
+            .entry(dag_uid.to_owned())
+            .or_default()
+            .insert(task.to_owned(), now);
+    }
+
+    /// `phases` holds the children of DAG `dag_uid` the cache has. Forgets the expectations the
+    /// cache now meets and those too old (of every DAG, so deleted DAGs do not stay), and adds the
+    /// remaining ones of this DAG to `phases` as Pending. Returns whether any remain.
+    fn fill_in(
+        &mut self,
+        dag_uid: &str,
+        phases: &mut HashMap<String, ChildPhase>,
+        now: Instant,
+    ) -> bool {
+        self.0.retain(|uid, tasks| {
+            tasks.retain(|task, created| {
+                let seen = uid == dag_uid && phases.contains_key(task);
+                !seen && now.duration_since(*created) < EXPECTATION_TTL
+            });
+            !tasks.is_empty()
+        });
+        let Some(tasks) = self.0.get(dag_uid) else {
+            return false;
+        };
+        for task in tasks.keys() {
+            phases.insert(task.clone(), ChildPhase::Pending);
+        }
+        true
     }
 }
 
@@ -78,7 +115,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         recorder,
         children,
         metrics,
-        expected: Mutex::new(HashMap::new()),
+        expected: Mutex::new(Expectations::default()),
     });
     info!("AxDag controller running");
     controller
@@ -129,7 +166,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     };
 
     let mut phases = child_phases(&children);
-    let waiting_for_cache = apply_expectations(&uid, &children, &mut phases, Instant::now(), &ctx);
+    let waiting_for_cache = ctx.expected().fill_in(&uid, &mut phases, Instant::now());
     remember_finished_children(&before, &mut phases);
 
     let policy = match dag.spec.failure_policy {
@@ -147,10 +184,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
         for task in &evaluation.create {
             match create_child(&dag, &uid, &graph.child_name(task), task, &ctx).await? {
                 Created::Yes => {
-                    ctx.expected()
-                        .entry(uid.clone())
-                        .or_default()
-                        .insert(task.clone(), Instant::now());
+                    ctx.expected().created(&uid, task, Instant::now());
                     phases.insert(task.clone(), ChildPhase::Pending);
                 }
                 Created::NameTaken => name_taken = true,
@@ -221,33 +255,6 @@ fn child_phase(phase: Option<TaskPhase>) -> ChildPhase {
         Some(TaskPhase::Dead) => ChildPhase::Dead,
         Some(TaskPhase::Canceled) => ChildPhase::Canceled,
     }
-}
-
-/// Counts children this process created but the cache has not shown as Pending, and forgets those
-/// the cache now has or that are too old. Also forgets DAGs whose expectations all ended, so the
-/// map does not keep deleted DAGs. Returns whether this DAG still waits for one.
-fn apply_expectations(
-    uid: &str,
-    children: &HashMap<String, Arc<AxTask>>,
-    phases: &mut HashMap<String, ChildPhase>,
-    now: Instant,
-    ctx: &DagCtx,
-) -> bool {
-    let mut expected = ctx.expected();
-    expected.retain(|dag_uid, tasks| {
-        tasks.retain(|task, created| {
-            let seen = dag_uid == uid && children.contains_key(task);
-            !seen && now.duration_since(*created) < EXPECTATION_TTL
-        });
-        !tasks.is_empty()
-    });
-    let Some(tasks) = expected.get(uid) else {
-        return false;
-    };
-    for task in tasks.keys() {
-        phases.entry(task.clone()).or_insert(ChildPhase::Pending);
-    }
-    true
 }
 
 /// A child that finished and was deleted since (e.g. by its `ttlSecondsAfterFinished`) keeps the
@@ -729,6 +736,41 @@ mod tests {
         assert_eq!(same.last_transition_time, first.last_transition_time);
         let flipped = condition(&before, "Ready", true, "Succeeded", "", Some(1));
         assert_eq!(flipped.status, "True");
+    }
+
+    #[test]
+    fn expected_children_count_until_the_cache_shows_them_or_they_expire() {
+        let start = Instant::now();
+        let mut expected = Expectations::default();
+        expected.created("dag-1", "a", start);
+        expected.created("dag-1", "b", start);
+        expected.created("dag-2", "a", start);
+
+        // The cache shows dag-1's a (Running): it stays as the cache says; b counts as Pending.
+        let mut phases = HashMap::from([("a".to_owned(), ChildPhase::Running)]);
+        assert!(expected.fill_in("dag-1", &mut phases, start));
+        assert_eq!(
+            phases,
+            HashMap::from([
+                ("a".to_owned(), ChildPhase::Running),
+                ("b".to_owned(), ChildPhase::Pending),
+            ])
+        );
+        // a is forgotten for dag-1 only.
+        let mut phases = HashMap::new();
+        assert!(expected.fill_in("dag-1", &mut phases, start));
+        assert_eq!(
+            phases,
+            HashMap::from([("b".to_owned(), ChildPhase::Pending)])
+        );
+        assert!(expected.fill_in("dag-2", &mut HashMap::new(), start));
+
+        // Never seen (deleted before the cache caught up): forgotten after the TTL, for every DAG.
+        let later = start + EXPECTATION_TTL;
+        let mut phases = HashMap::new();
+        assert!(!expected.fill_in("dag-1", &mut phases, later));
+        assert!(phases.is_empty());
+        assert!(expected.0.is_empty(), "{expected:?}");
     }
 
     #[test]
