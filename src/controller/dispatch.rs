@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::queue::{self, Held};
 use super::task::{clock, create_pod, publish_transitions, write_status};
 use super::{Ctx, Error, TaskKey};
-use crate::api::{AxTask, TaskPhase};
+use crate::api::AxTask;
 use crate::core::queue::Outcome;
 use crate::core::task as core;
 
@@ -73,33 +73,8 @@ async fn rebuild(ctx: &Ctx) {
         return;
     }
     queue::sync_from_store(ctx);
-    let now = Timestamp::now();
-    let (mut running, mut pending) = (0usize, 0usize);
-    let mut queues = ctx.queues.lock();
-    for task in ctx.tasks.state() {
-        let Some(status) = task.status.as_ref() else {
-            continue;
-        };
-        let key = super::task::key(&task);
-        match status.phase {
-            Some(phase) if phase.has_worker() => {
-                queues.mark_running(&key, &task.spec.queue, &task.spec.task_type);
-                running += 1;
-            }
-            Some(TaskPhase::Pending)
-                if !task.spec.cancel && status.next_attempt_at.is_none_or(|at| at <= now) =>
-            {
-                queues.upsert(
-                    &key,
-                    &task.spec.queue,
-                    queue::pending_task(&task),
-                    queue::version_of(task.as_ref()),
-                );
-                pending += 1;
-            }
-            _ => {}
-        }
-    }
+    let (running, pending) =
+        queue::rebuild(&mut ctx.queues.lock(), &ctx.tasks.state(), Timestamp::now());
     info!(running, pending, "queues rebuilt from the cache");
 }
 

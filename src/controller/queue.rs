@@ -591,6 +591,38 @@ pub fn version_of<K: Resource>(object: &K) -> Option<u64> {
     object.meta().resource_version.as_deref()?.parse().ok()
 }
 
+/// Puts every cached task where it belongs in the registry: tasks with an attempt in flight count
+/// as running (dispatched before a restart, or by an earlier leader), eligible Pending tasks wait
+/// for dispatch. Returns how many of each. O(n) over the tasks.
+pub fn rebuild(registry: &mut Registry, tasks: &[Arc<AxTask>], now: Timestamp) -> (usize, usize) {
+    let (mut running, mut pending) = (0, 0);
+    for task in tasks {
+        let Some(status) = task.status.as_ref() else {
+            continue;
+        };
+        let key = (task.namespace().unwrap_or_default(), task.name_any());
+        match status.phase {
+            Some(phase) if phase.has_worker() => {
+                registry.mark_running(&key, &task.spec.queue, &task.spec.task_type);
+                running += 1;
+            }
+            Some(TaskPhase::Pending)
+                if !task.spec.cancel && status.next_attempt_at.is_none_or(|at| at <= now) =>
+            {
+                registry.upsert(
+                    &key,
+                    &task.spec.queue,
+                    pending_task(task),
+                    version_of(task.as_ref()),
+                );
+                pending += 1;
+            }
+            _ => {}
+        }
+    }
+    (running, pending)
+}
+
 /// What a task waiting for dispatch looks like to its queue's dispatcher.
 pub fn pending_task(task: &AxTask) -> PendingTask {
     let status = task.status.as_ref();
@@ -1238,6 +1270,47 @@ mod tests {
                 .map(|r| r.pending.iter().map(|(_, n)| n).sum::<usize>())
         };
         assert_eq!((pending_of("a"), pending_of("b")), (Some(0), Some(1)));
+    }
+
+    #[test]
+    fn rebuild_counts_tasks_in_flight_before_dispatching_more() {
+        let task = |name: &str, phase: TaskPhase, next_attempt: Option<i64>| -> Arc<AxTask> {
+            let mut task: AxTask = serde_json::from_value(serde_json::json!({
+                "apiVersion": "ax.dev/v1alpha1",
+                "kind": "AxTask",
+                "metadata": {"name": name, "namespace": "ns", "resourceVersion": "7"},
+                "spec": {"type": "x", "queue": "q", "template": {"spec": {"containers": []}}},
+            }))
+            .expect("a task");
+            task.status = Some(crate::api::AxTaskStatus {
+                phase: Some(phase),
+                queued_at: Some(t(0)),
+                next_attempt_at: next_attempt.map(t),
+                ..Default::default()
+            });
+            Arc::new(task)
+        };
+        let tasks = [
+            task("scheduled", TaskPhase::Scheduled, None),
+            task("running", TaskPhase::Running, None),
+            task("ready", TaskPhase::Pending, None),
+            task("backoff", TaskPhase::Pending, Some(100)),
+            task("done", TaskPhase::Succeeded, None),
+        ];
+        let mut registry = Registry::default();
+        let spec = AxQueueSpec {
+            concurrency: 3,
+            ..AxQueueSpec::default()
+        };
+        registry.configure(&queue("q", spec, None), t(0));
+        assert_eq!(rebuild(&mut registry, &tasks, t(10)), (2, 1));
+        assert!(registry.is_running(&key("scheduled")) && registry.is_running(&key("running")));
+        // One slot of three is left: the ready task takes it, nothing more goes.
+        assert_eq!(registry.next(t(10)), Some((key("ready"), "q".to_string())));
+        assert_eq!(registry.next(t(10)), None);
+        // Rebuilding again (a re-list) changes nothing.
+        rebuild(&mut registry, &tasks, t(11));
+        assert_eq!(registry.reports(t(11))[0].running, 3);
     }
 
     #[test]
