@@ -4,6 +4,7 @@
 #
 #   e2e/run-tests.sh            everything
 #   AX_E2E_KEEP=1 e2e/run-tests.sh   leave the cluster running afterwards (faster reruns)
+#   AX_E2E_FRESH=1 e2e/run-tests.sh  take down any existing cluster first (always so when CI=true)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -72,6 +73,11 @@ run_phase "unit and property tests" unit_tests
 run_phase "crds up to date" crds_fresh
 
 phase "cluster up"
+# In CI, start from nothing: a cluster left by an earlier run (or its leftovers, if its processes
+# were killed) must not leak old objects into this one.
+if [ "${CI:-}" = true ] || [ "${AX_E2E_FRESH:-0}" = 1 ]; then
+  e2e/cluster.sh down
+fi
 e2e/cluster.sh up --sim-nodes 3
 phase_done "cluster up" ok
 eval "$(e2e/cluster.sh env)"
