@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ax::controller::run::{Settings, run};
 use ax::ops::http::{self, HttpState};
-use ax::ops::leader::{LEASE_NAME, LeaseSettings, Leadership, Role};
+use ax::ops::leader::{LEASE_NAME, Leadership, LeaseSettings, Role};
 use ax::ops::metrics::Metrics;
 use clap::Parser;
 use tracing::{error, info};
@@ -16,7 +16,11 @@ use tracing_subscriber::EnvFilter;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser, Debug)]
-#[command(name = "ax-operator", version, about = "Runs AxTasks as worker pods: queue, dispatch, supervise, retry")]
+#[command(
+    name = "ax-operator",
+    version,
+    about = "Runs AxTasks as worker pods: queue, dispatch, supervise, retry"
+)]
 struct Args {
     /// `spec.concurrency` (most tasks Scheduled or Running at once) of the `default` AxQueue when
     /// the operator creates it because it is missing. An existing queue is never changed: limits
@@ -50,7 +54,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));
     let subscriber = tracing_subscriber::fmt().with_env_filter(filter);
     if args.log_format == "json" {
         subscriber.json().init();
@@ -76,7 +81,11 @@ async fn main() -> Result<(), BoxError> {
     });
     info!(%addr, "serving /metrics, /healthz, /readyz");
 
-    let settings = Settings { default_queue_concurrency: args.concurrency, identity: identity.clone(), metrics: metrics.clone() };
+    let settings = Settings {
+        default_queue_concurrency: args.concurrency,
+        identity: identity.clone(),
+        metrics: metrics.clone(),
+    };
     if !args.leader_elect {
         http_state.set_role_known(true);
         metrics.set_leader(true);
@@ -106,7 +115,11 @@ async fn main() -> Result<(), BoxError> {
     });
     // A standby has nothing to sync until it leads; it is ready once its role is known.
     http_state.set_caches_synced(true);
-    info!(namespace = args.namespace, lease = LEASE_NAME, "waiting to become the leader");
+    info!(
+        namespace = args.namespace,
+        lease = LEASE_NAME,
+        "waiting to become the leader"
+    );
     leadership.acquire().await?;
     info!("leading: reconciling");
     tokio::select! {

@@ -22,7 +22,8 @@ type PodsByAttempt = BTreeMap<(String, String), BTreeSet<String>>;
 
 fn start_operator(tag: &str) -> Child {
     // The binary cargo built for this test run, unless the runner names another.
-    let bin = std::env::var("AX_OPERATOR_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
+    let bin = std::env::var("AX_OPERATOR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
     let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
     let log_dir = repo_root().join("target/e2e");
     std::fs::create_dir_all(&log_dir).unwrap();

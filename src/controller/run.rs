@@ -2,8 +2,8 @@
 //! the dispatcher and the AxQueue watcher and status writer, running side by side.
 
 use std::collections::HashMap;
-use std::time::Duration;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -114,7 +114,11 @@ async fn count_tasks(ctx: super::Ctx) {
         tick.tick().await;
         let mut counts: HashMap<(String, String, &'static str), usize> = HashMap::new();
         for task in ctx.tasks.state() {
-            let phase = task.status.as_ref().and_then(|s| s.phase).map_or("New", |p| p.as_str());
+            let phase = task
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .map_or("New", |p| p.as_str());
             let key = (task.spec.queue.clone(), task.spec.task_type.clone(), phase);
             *counts.entry(key).or_default() += 1;
         }
