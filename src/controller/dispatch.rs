@@ -67,11 +67,8 @@ pub async fn run(ctx: Ctx) {
 /// dispatched (by this process before a restart, or by an earlier leader) as running, so no queue
 /// starts above its limits. O(n) over the cached tasks, once.
 async fn rebuild(ctx: &Ctx) {
-    if ctx.tasks.wait_until_ready().await.is_err()
-        || ctx.queue_store.wait_until_ready().await.is_err()
-    {
-        return;
-    }
+    super::cache_synced(&ctx.tasks).await;
+    super::cache_synced(&ctx.queue_store).await;
     queue::sync_from_store(ctx);
     let (running, pending) =
         queue::rebuild(&mut ctx.queues.lock(), &ctx.tasks.state(), Timestamp::now());

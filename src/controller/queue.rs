@@ -736,9 +736,7 @@ fn publish(ctx: &Ctx, queue: &AxQueue, type_: &str, reason: &str, note: &str) {
 
 /// Keeps `AxQueue.status` and the queue metrics up to date, and the `default` queue in existence.
 pub async fn maintain(ctx: Ctx, default_concurrency: u32) {
-    if ctx.queue_store.wait_until_ready().await.is_err() {
-        return;
-    }
+    super::cache_synced(&ctx.queue_store).await;
     let mut tick = tokio::time::interval(STATUS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
