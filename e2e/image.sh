@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # image.sh BINARY IMAGE:TAG — puts a static binary into a FROM-scratch image (entrypoint, user
-# 65532) and imports it into the e2e cluster's containerd. There is no registry: use the printed
-# reference with imagePullPolicy: Never. A Rust binary is static when built with
+# 65532, the machine's CA bundle) and imports it into the e2e cluster's containerd. There is no
+# registry: use the printed reference with imagePullPolicy: Never. A Rust binary is static when
+# built with
 #   RUSTFLAGS='-C target-feature=+crt-static' cargo build --target x86_64-unknown-linux-gnu
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
@@ -34,6 +35,12 @@ chmod 1777 "$work/ctx/rootfs/tmp"
 install -m 0755 "$binary" "$work/ctx/rootfs/$name"
 printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/:/sbin/nologin\n' >"$work/ctx/rootfs/etc/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' >"$work/ctx/rootfs/etc/group"
+# The machine's CA bundle, for TLS to anything but the API server (whose CA comes with the
+# ServiceAccount): ax-operator loads the system roots at start for HTTPS callbacks.
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$work/ctx/rootfs/etc/ssl/certs"
+  install -m 0444 /etc/ssl/certs/ca-certificates.crt "$work/ctx/rootfs/etc/ssl/certs/ca-certificates.crt"
+fi
 cat >"$work/ctx/Containerfile" <<EOF
 FROM scratch
 COPY rootfs/ /
