@@ -357,13 +357,22 @@ async fn patching_the_weights_mid_run_changes_the_shares() {
         assert!(Instant::now() < deadline, "only {started} dispatched");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let patched_at = Timestamp::now();
     patch_queue(
         &client,
         &queue.name,
         json!({"weights": {"critical": 1, "high": 4, "normal": 1, "low": 1}}),
     )
     .await;
-    let patched_at = Timestamp::now();
+    // The operator reports the generation in force once it applied it.
+    wait_queue(&client, &queue.name, LONG, "new weights applied", |q| {
+        q.status
+            .as_ref()
+            .and_then(|s| s.observed_generation)
+            .is_some_and(|g| Some(g) == q.metadata.generation)
+    })
+    .await;
+    let settled = Timestamp::now();
 
     let tasks = wait_all_terminal(&client, &ns, Duration::from_secs(300)).await;
     let order = dispatch_order(&tasks);
@@ -372,8 +381,6 @@ async fn patching_the_weights_mid_run_changes_the_shares() {
         .copied()
         .filter(|(at, _)| *at < patched_at)
         .collect();
-    // Give the edit a second to travel through the watch.
-    let settled = patched_at + jiff::SignedDuration::from_secs(1);
     let after: Vec<_> = order
         .iter()
         .copied()
