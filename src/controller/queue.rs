@@ -512,12 +512,19 @@ impl Registry {
             .iter()
             .map(|(name, entry)| {
                 let stats = entry.dispatcher.stats(now);
+                let exists = entry.availability != Availability::NotFound;
+                // A deleted queue's breakers decide nothing until it comes back.
+                let open_circuits = if exists {
+                    stats.open_circuits.into_iter().map(|(t, _)| t).collect()
+                } else {
+                    Vec::new()
+                };
                 QueueReport {
                     name: name.clone(),
-                    exists: entry.availability != Availability::NotFound,
+                    exists,
                     pending: stats.pending,
                     running: stats.running,
-                    open_circuits: stats.open_circuits.into_iter().map(|(t, _)| t).collect(),
+                    open_circuits,
                     dispatched: entry.dispatched_base.saturating_add(entry.dispatched),
                     dead: entry.dead_base.saturating_add(entry.dead),
                     invalid: entry.invalid.clone(),
@@ -535,6 +542,7 @@ impl Registry {
         let now_open: BTreeSet<String> = open.iter().cloned().collect();
         let closed = entry.reported_open.difference(&now_open).cloned().collect();
         entry.reported_open = now_open;
+        self.forget_if_unused(queue);
         closed
     }
 
@@ -1309,6 +1317,35 @@ mod tests {
         // Rebuilding again (a re-list) changes nothing.
         rebuild(&mut registry, &tasks, t(11));
         assert_eq!(registry.reports(t(11))[0].running, 3);
+    }
+
+    #[test]
+    fn a_deleted_queue_reports_its_circuits_closed_and_is_forgotten() {
+        let mut registry = Registry::default();
+        let spec = AxQueueSpec {
+            circuit_breaker: CircuitBreakerSpec {
+                window_size: 1,
+                min_requests: 1,
+                failure_ratio: 1.0,
+                open_seconds: 60,
+            },
+            ..AxQueueSpec::default()
+        };
+        registry.configure(&queue("q", spec, None), t(0));
+        registry.upsert(&key("a"), "q", pending(Priority::Low, "x", 0, 1), Some(1));
+        registry.next(t(0));
+        registry.finished(&key("a"), Outcome::Failed, t(0));
+        let open = registry.reports(t(1))[0].open_circuits.clone();
+        assert_eq!(open, vec!["x".to_string()]);
+        assert!(registry.circuits_reported("q", &open).is_empty());
+        registry.queue_deleted("q");
+        let report = registry.reports(t(2))[0].clone();
+        assert!(!report.exists && report.open_circuits.is_empty());
+        assert_eq!(
+            registry.circuits_reported("q", &report.open_circuits),
+            vec!["x".to_string()]
+        );
+        assert!(registry.reports(t(3)).is_empty());
     }
 
     #[test]
