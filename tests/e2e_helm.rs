@@ -791,11 +791,11 @@ async fn leader_pod_force_deleted_standby_takes_over_within_lease_duration() {
     );
 }
 
-/// Per (queue, type, phase) task counts, as `kubectl get axtasks -A` shows them.
-fn kubectl_task_counts() -> (
-    BTreeMap<(String, String, String), u64>,
-    Vec<serde_json::Value>,
-) {
+/// Task counts by (queue, type, phase).
+type TaskCounts = BTreeMap<(String, String, String), u64>;
+
+/// Task counts as `kubectl get axtasks -A` shows them, and the tasks themselves.
+fn kubectl_task_counts() -> (TaskCounts, Vec<serde_json::Value>) {
     let out = kubectl_ok(&["get", "axtasks", "--all-namespaces", "-o", "json"]);
     let list: serde_json::Value = serde_json::from_str(&out).expect("kubectl JSON");
     let items = list["items"].as_array().cloned().unwrap_or_default();
@@ -809,7 +809,7 @@ fn kubectl_task_counts() -> (
     (counts, items)
 }
 
-fn metric_task_counts(samples: &[Sample]) -> BTreeMap<(String, String, String), u64> {
+fn metric_task_counts(samples: &[Sample]) -> TaskCounts {
     samples
         .iter()
         .filter(|s| s.name == "ax_tasks" && s.value > 0.0)
