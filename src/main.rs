@@ -120,14 +120,42 @@ async fn main() -> Result<(), BoxError> {
         lease = LEASE_NAME,
         "waiting to become the leader"
     );
-    leadership.acquire().await?;
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    tokio::select! {
+        acquired = leadership.acquire() => acquired?,
+        _ = &mut shutdown => {
+            // A standby has nothing to finish: stop at once instead of waiting out the grace period.
+            info!("stopping (standby)");
+            return Ok(());
+        }
+    }
     info!("leading: reconciling");
     tokio::select! {
-        result = run(client, settings) => result,
+        // The controllers stop on SIGTERM themselves; then hand the lease over at once.
+        result = run(client, settings) => {
+            leadership.step_down().await;
+            result
+        }
         _ = leadership.lost() => {
             // Stop at once: another replica may already be reconciling. Restarting makes us a standby.
             error!("lost the lease; exiting");
             std::process::exit(1);
         }
+    }
+}
+
+/// Resolves on SIGTERM (what Kubernetes sends) or Ctrl-C.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
     }
 }

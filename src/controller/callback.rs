@@ -33,11 +33,22 @@ pub struct Callbacks {
 
 impl Callbacks {
     pub fn new() -> std::io::Result<Self> {
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_native_roots()?
-            .https_or_http()
-            .enable_http1()
-            .build();
+        let builder = match hyper_rustls::HttpsConnectorBuilder::new().with_native_roots() {
+            Ok(builder) => builder,
+            Err(e) => {
+                // A minimal image may have no CA bundle: plain HTTP callbacks still work, and an
+                // HTTPS one fails with a certificate error recorded on the task's condition.
+                warn!(error = %e, "no system CA certificates; HTTPS callbacks will fail verification");
+                let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+                let tls = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(std::io::Error::other)?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth();
+                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
+            }
+        };
+        let https = builder.https_or_http().enable_http1().build();
         Ok(Callbacks {
             in_flight: Mutex::new(HashSet::new()),
             http: HttpClient::builder(TokioExecutor::new()).build(https),
