@@ -39,34 +39,6 @@ fn dag_phase(dag: &AxDag) -> Option<DagPhase> {
     dag.status.as_ref().and_then(|s| s.phase)
 }
 
-/// Polls until `done` holds for the DAG, or panics after `timeout` showing its last status.
-async fn wait_dag(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    timeout: Duration,
-    done: impl Fn(&AxDag) -> bool,
-) -> AxDag {
-    let api: Api<AxDag> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + timeout;
-    loop {
-        let dag = api.get_opt(name).await.expect("get dag");
-        if let Some(d) = &dag
-            && done(d)
-        {
-            return d.clone();
-        }
-        if Instant::now() > deadline {
-            let status = dag.map(|d| serde_yaml::to_string(&d.status).unwrap_or_default());
-            panic!(
-                "dag {ns}/{name}: condition not met within {timeout:?}; last status:\n{}",
-                status.unwrap_or_else(|| "(dag gone)".into())
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 async fn wait_dag_phase(
     client: &Client,
     ns: &str,
@@ -74,7 +46,10 @@ async fn wait_dag_phase(
     want: DagPhase,
     timeout: Duration,
 ) -> AxDag {
-    wait_dag(client, ns, name, timeout, |d| dag_phase(d) == Some(want)).await
+    wait_for(client, ns, name, timeout, |d: &AxDag| {
+        dag_phase(d) == Some(want)
+    })
+    .await
 }
 
 /// The DAG's children by task name (from the `ax.dev/dag-task` label).

@@ -13,7 +13,7 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -646,24 +646,8 @@ fn publish_phase(
     publish(dag, type_, reason, &note, ctx);
 }
 
-/// Events are a record for people, sent in the background, never on the path that moves a DAG.
 fn publish(dag: &AxDag, type_: EventType, reason: &str, note: &str, ctx: &DagCtx) {
-    let recorder = ctx.recorder.clone();
-    let reference = dag.object_ref(&());
-    // The events API limits a note to 1 KiB.
-    let note: String = note.chars().take(1000).collect();
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            debug!(error = %e, "publishing event failed");
-        }
-    });
+    super::publish_event(&ctx.recorder, dag, type_, reason, note);
 }
 
 pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: DagCtx) -> Requeue {

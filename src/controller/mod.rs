@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::runtime::events::Recorder;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use tokio::sync::Notify;
 
@@ -99,4 +99,28 @@ where
     while !matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// Publishes an Event in the background: Events are a record for people, never on the path that
+/// moves an object, so a slow or failing events API delays nothing.
+pub fn publish_event<K>(recorder: &Recorder, object: &K, type_: EventType, reason: &str, note: &str)
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let recorder = recorder.clone();
+    let reference = object.object_ref(&());
+    // The events API limits a note to 1 KiB.
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %e, "publishing event failed");
+        }
+    });
 }

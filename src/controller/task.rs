@@ -8,7 +8,7 @@ use futures::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
@@ -316,22 +316,7 @@ fn record_metrics(task: &AxTask, t: &HistoryEntry, ctx: &Ctx) {
 }
 
 fn publish(task: &AxTask, type_: EventType, reason: &str, note: &str, ctx: &Ctx) {
-    let recorder = ctx.recorder.clone();
-    let reference = task.object_ref(&());
-    // The events API limits a note to 1 KiB.
-    let note: String = note.chars().take(1000).collect();
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            debug!(error = %e, "publishing event failed");
-        }
-    });
+    super::publish_event(&ctx.recorder, task, type_, reason, note);
 }
 
 pub fn error_policy(task: Arc<AxTask>, error: &Error, ctx: Ctx) -> Requeue {

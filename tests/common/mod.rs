@@ -55,7 +55,42 @@ pub async fn create(client: &Client, ns: &str, task: &AxTask) -> AxTask {
         .expect("create task")
 }
 
-/// Polls until `done` holds for the task, or panics after `timeout` showing its last status.
+/// Polls until `done` holds for the namespaced object, or panics after `timeout` showing it.
+pub async fn wait_for<K>(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+    done: impl Fn(&K) -> bool,
+) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let object = api.get_opt(name).await.expect("get object");
+        if let Some(o) = &object
+            && done(o)
+        {
+            return o.clone();
+        }
+        if Instant::now() > deadline {
+            let last = object.map(|o| serde_yaml::to_string(&o).unwrap_or_default());
+            panic!(
+                "{} {ns}/{name}: condition not met within {timeout:?}; last seen:\n{}",
+                K::kind(&()),
+                last.unwrap_or_else(|| "(gone)".into())
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 pub async fn wait_task(
     client: &Client,
     ns: &str,
@@ -63,24 +98,7 @@ pub async fn wait_task(
     timeout: Duration,
     done: impl Fn(&AxTask) -> bool,
 ) -> AxTask {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + timeout;
-    loop {
-        let task = api.get_opt(name).await.expect("get task");
-        if let Some(t) = &task
-            && done(t)
-        {
-            return t.clone();
-        }
-        if Instant::now() > deadline {
-            let status = task.map(|t| serde_yaml::to_string(&t.status).unwrap_or_default());
-            panic!(
-                "task {ns}/{name}: condition not met within {timeout:?}; last status:\n{}",
-                status.unwrap_or_else(|| "(task gone)".into())
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_for(client, ns, name, timeout, done).await
 }
 
 pub fn phase(t: &AxTask) -> Option<TaskPhase> {
