@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use ax::api::{AxTask, TaskPhase};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
