@@ -6,13 +6,12 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ax::api::{AxDag, AxTask, DagNodePhase, DagPhase, TaskPhase};
 use common::*;
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -114,26 +113,6 @@ fn queued(child: &AxTask) -> Timestamp {
         .unwrap_or_else(|| panic!("{} has no history", names(child)))
 }
 
-/// Reasons of the Events about this DAG, polled until `want` are all there.
-async fn wait_dag_events(client: &Client, ns: &str, name: &str, want: &[&str]) -> Vec<Event> {
-    let api: Api<Event> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let lp = ListParams::default().fields(&format!(
-            "involvedObject.name={name},involvedObject.kind=AxDag"
-        ));
-        let events = api.list(&lp).await.expect("list events").items;
-        let reasons: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
-        if want.iter().all(|w| reasons.iter().any(|r| r == w)) {
-            return events;
-        }
-        if Instant::now() > deadline {
-            panic!("events of dag {ns}/{name}: want {want:?}, have {reasons:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 #[tokio::test]
 async fn diamond_runs_b_and_c_together_and_d_after_both() {
     let client = client().await;
@@ -197,7 +176,7 @@ async fn diamond_runs_b_and_c_together_and_d_after_both() {
     assert_eq!(condition(&dag, "Ready").status, "True");
     assert_eq!(condition(&dag, "InvalidSpec").status, "False");
     assert_eq!(status.observed_generation, dag.metadata.generation);
-    wait_dag_events(&client, &ns, "diamond", &["Running", "Succeeded"]).await;
+    wait_events_of(&client, &ns, "AxDag", "diamond", &["Running", "Succeeded"]).await;
 }
 
 #[tokio::test]
@@ -242,7 +221,7 @@ async fn fail_fast_skips_the_rest_after_a_dead_task() {
     );
     assert!(ready.message.contains("dead: b"), "{}", ready.message);
     assert!(ready.message.contains("skipped: d, e"), "{}", ready.message);
-    wait_dag_events(&client, &ns, "ff", &["Running", "Failed"]).await;
+    wait_events_of(&client, &ns, "AxDag", "ff", &["Running", "Failed"]).await;
 }
 
 #[tokio::test]
@@ -301,7 +280,7 @@ async fn a_cycle_fails_the_dag_naming_the_cycle_and_creates_nothing() {
     let status = dag.status.clone().unwrap();
     assert!(status.nodes.is_empty());
     assert_eq!(status.progress.as_deref(), Some("0/3"));
-    let events = wait_dag_events(&client, &ns, "cycle", &["InvalidSpec"]).await;
+    let events = wait_events_of(&client, &ns, "AxDag", "cycle", &["InvalidSpec"]).await;
     assert!(
         events.iter().any(|e| e
             .message
@@ -394,7 +373,7 @@ async fn cancel_mid_run_cancels_the_running_children() {
         dag.status.as_ref().unwrap().progress.as_deref(),
         Some("3/3")
     );
-    wait_dag_events(&client, &ns, "long", &["Running", "Canceled"]).await;
+    wait_events_of(&client, &ns, "AxDag", "long", &["Running", "Canceled"]).await;
 }
 
 /// A task spec for a simulated node: no real container, it "runs" for `millis` and exits 0.

@@ -8,20 +8,17 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
 use common::*;
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 /// Release name. Not `ax-operator`: e2e/run-tests.sh applies config/rbac.yaml, whose cluster-wide
@@ -498,39 +495,6 @@ fn sim_task(name: &str, task_type: &str, millis: u64, exit_code: i32) -> AxTask 
             {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
             {"name": "AX_SIM_EXIT_CODE", "value": exit_code.to_string()}]);
     })
-}
-
-/// Every worker pod ever seen in a namespace, by (task, attempt) → pod uids.
-type PodsByAttempt = BTreeMap<(String, String), BTreeSet<String>>;
-
-/// Records every worker pod created in `namespace` from now on.
-fn record_worker_pods(
-    client: &Client,
-    namespace: &str,
-) -> (Arc<Mutex<PodsByAttempt>>, tokio::task::JoinHandle<()>) {
-    let seen: Arc<Mutex<PodsByAttempt>> = Arc::default();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let recorder = seen.clone();
-    let watch = tokio::spawn(async move {
-        let mut stream = watcher(pods, watcher::Config::default().labels("ax.dev/task"))
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(pod)) = stream.next().await {
-            let labels = pod.labels();
-            if let (Some(task), Some(attempt)) =
-                (labels.get("ax.dev/task"), labels.get("ax.dev/attempt"))
-            {
-                recorder
-                    .lock()
-                    .expect("pod record lock")
-                    .entry((task.clone(), attempt.clone()))
-                    .or_default()
-                    .insert(pod.uid().unwrap_or_default());
-            }
-        }
-    });
-    (seen, watch)
 }
 
 async fn tasks_in(client: &Client, namespace: &str) -> Vec<AxTask> {

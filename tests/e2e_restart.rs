@@ -4,21 +4,12 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
 use common::*;
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::runtime::{WatchStreamExt, watcher};
-
-/// Every pod ever created in the namespace, by (task, attempt) → the set of pod uids.
-type PodsByAttempt = BTreeMap<(String, String), BTreeSet<String>>;
 
 fn start_operator(tag: &str) -> Child {
     // The binary cargo built for this test run, unless the runner names another.
@@ -71,26 +62,7 @@ async fn operator_killed_mid_flight_loses_nothing_and_duplicates_nothing() {
     let client = client().await;
     let ns = namespace(&client, "restart").await;
 
-    let seen: Arc<Mutex<PodsByAttempt>> = Arc::default();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let recorder = seen.clone();
-    let watch = tokio::spawn(async move {
-        let mut stream = watcher(pods, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(pod)) = stream.next().await {
-            let labels = pod.labels();
-            if let (Some(task), Some(attempt)) =
-                (labels.get("ax.dev/task"), labels.get("ax.dev/attempt"))
-            {
-                let mut seen = recorder.lock().unwrap();
-                seen.entry((task.clone(), attempt.clone()))
-                    .or_default()
-                    .insert(pod.uid().unwrap_or_default());
-            }
-        }
-    });
+    let (seen, watch) = record_worker_pods(&client, &ns);
 
     let mut operator = start_operator("restart-a");
     let mut names = Vec::new();

@@ -3,12 +3,16 @@
 
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, HistoryEntry, TaskPhase};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 pub async fn client() -> Client {
@@ -146,11 +150,22 @@ pub fn assert_history_chain(t: &AxTask) {
 /// Reasons of the Events about this task, polled until `want` are all there (Events are sent in
 /// the background, so they may trail the status a little).
 pub async fn wait_events(client: &Client, ns: &str, name: &str, want: &[&str]) -> Vec<Event> {
+    wait_events_of(client, ns, "AxTask", name, want).await
+}
+
+/// The Events about the object of `kind` named `name`, polled until the reasons `want` are all there.
+pub async fn wait_events_of(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    want: &[&str],
+) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(client.clone(), ns);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let lp = ListParams::default().fields(&format!(
-            "involvedObject.name={name},involvedObject.kind=AxTask"
+            "involvedObject.name={name},involvedObject.kind={kind}"
         ));
         let events = api.list(&lp).await.expect("list events").items;
         let reasons: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
@@ -158,7 +173,7 @@ pub async fn wait_events(client: &Client, ns: &str, name: &str, want: &[&str]) -
             return events;
         }
         if Instant::now() > deadline {
-            panic!("events of {ns}/{name}: want {want:?}, have {reasons:?}");
+            panic!("events of {kind} {ns}/{name}: want {want:?}, have {reasons:?}");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -222,3 +237,36 @@ pub fn names(t: &AxTask) -> String {
 }
 
 pub const LONG: Duration = Duration::from_secs(120);
+
+/// Every worker pod ever seen in a namespace, by (task, attempt) → pod uids.
+pub type PodsByAttempt = BTreeMap<(String, String), BTreeSet<String>>;
+
+/// Records every worker pod created in `namespace` from now on.
+pub fn record_worker_pods(
+    client: &Client,
+    namespace: &str,
+) -> (Arc<Mutex<PodsByAttempt>>, tokio::task::JoinHandle<()>) {
+    let seen: Arc<Mutex<PodsByAttempt>> = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let recorder = seen.clone();
+    let watch = tokio::spawn(async move {
+        let mut stream = watcher(pods, watcher::Config::default().labels("ax.dev/task"))
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(pod)) = stream.next().await {
+            let labels = pod.labels();
+            if let (Some(task), Some(attempt)) =
+                (labels.get("ax.dev/task"), labels.get("ax.dev/attempt"))
+            {
+                recorder
+                    .lock()
+                    .expect("pod record lock")
+                    .entry((task.clone(), attempt.clone()))
+                    .or_default()
+                    .insert(pod.uid().unwrap_or_default());
+            }
+        }
+    });
+    (seen, watch)
+}
