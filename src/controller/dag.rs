@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -134,7 +134,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     // A child missing from an incomplete cache would be created again: decide on a complete one.
     // Checked, not awaited: kube's `Store::wait_until_ready` wakes only the last of several
     // concurrent waiters (its oneshot keeps one waker), so parked reconciles would hang for good.
-    if !is_listed(&ctx.children) {
+    if !super::cache_listed(&ctx.children) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
     if dag.metadata.deletion_timestamp.is_some() {
@@ -207,11 +207,6 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     } else {
         requeue
     })
-}
-
-/// Whether the store holds a complete list, without waiting for it.
-fn is_listed(store: &Store<AxTask>) -> bool {
-    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
 /// The children of this DAG in the cache, by task name: AxTasks in its namespace whose controller
@@ -767,12 +762,15 @@ mod tests {
     #[test]
     fn the_children_cache_counts_as_listed_once_its_first_list_is_in() {
         let (store, mut writer) = reflector::store::<AxTask>();
-        assert!(!is_listed(&store));
+        assert!(!crate::controller::cache_listed(&store));
         writer.apply_watcher_event(&watcher::Event::Init);
-        assert!(!is_listed(&store), "a list in progress is not complete");
+        assert!(
+            !crate::controller::cache_listed(&store),
+            "a list in progress is not complete"
+        );
         writer.apply_watcher_event(&watcher::Event::InitDone);
-        assert!(is_listed(&store));
-        assert!(is_listed(&store.clone()));
+        assert!(crate::controller::cache_listed(&store));
+        assert!(crate::controller::cache_listed(&store.clone()));
     }
 
     #[test]

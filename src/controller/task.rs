@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
@@ -36,12 +35,7 @@ pub fn clock(ctx: &Ctx) -> Clock<'_> {
 pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
     let _timer = ctx.metrics.reconcile_timer("axtask");
     // A pod missing from an incomplete cache would look deleted: decide only on complete caches.
-    // Checked without waiting: kube-runtime 5.0 wakes only the last of several waiters on
-    // `wait_until_ready`, which would leave the other reconciles stuck for good.
-    let ready = |store_ready: Option<Result<(), _>>| matches!(store_ready, Some(Ok(())));
-    if !ready(ctx.pods.wait_until_ready().now_or_never())
-        || !ready(ctx.nodes.wait_until_ready().now_or_never())
-    {
+    if !super::cache_listed(&ctx.pods) || !super::cache_listed(&ctx.nodes) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
     let status = task.status.clone().unwrap_or_default();
