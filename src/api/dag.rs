@@ -45,6 +45,16 @@ pub struct AxDagSpec {
     /// Setting it true cancels every running child and starts nothing more.
     #[serde(default)]
     pub cancel: bool,
+
+    /// Re-run requests: each increment re-runs the tasks that did not succeed (Dead, Canceled,
+    /// Skipped) and what depends on them; children that Succeeded are kept (`kubectl ax retry`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0))]
+    pub rerun: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -172,6 +182,9 @@ pub struct AxDagStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The last `spec.rerun` acted on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub observed_rerun: i64,
 }
 
 /// An optional phase: the enum without the `null` schemars would add, which structural schemas reject.

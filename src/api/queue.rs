@@ -261,6 +261,9 @@ pub struct AxQueueStatus {
     /// Tasks of this queue that went Dead, in all.
     #[serde(default)]
     pub dead: i64,
+    /// Retry tokens available (`retryRatePerMinute`'s bucket) when the status was written.
+    #[serde(default)]
+    pub retry_tokens: i64,
     /// `InvalidSpec`: true while the spec cannot be applied (the previous configuration stays).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

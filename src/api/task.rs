@@ -27,7 +27,9 @@ use super::{Condition, date_time, preserve_unknown_object};
     printcolumn = r#"{"name":"Worker","type":"string","jsonPath":".status.worker"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","priority":1}"#,
-    printcolumn = r#"{"name":"Next-Attempt","type":"date","jsonPath":".status.nextAttemptAt","priority":1}"#
+    // A string, not a date: kubectl renders a future date as `<invalid>`.
+    printcolumn = r#"{"name":"Next-Attempt","type":"string","jsonPath":".status.nextAttemptAt","priority":1}"#,
+    printcolumn = r#"{"name":"Terminating","type":"string","jsonPath":".status.conditions[?(@.type==\"WorkerTerminating\")].message","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AxTaskSpec {
@@ -78,6 +80,12 @@ pub struct AxTaskSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: Option<i64>,
+
+    /// Re-run requests: each increment starts a finished task again as a new attempt, with its
+    /// retries and budget reset (`kubectl ax retry`). One increment is one re-run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0))]
+    pub rerun: i64,
 }
 
 fn default_queue() -> String {
@@ -160,6 +168,14 @@ pub struct RetrySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 20))]
     pub rules: Vec<RetryRule>,
+    /// Failures that do not count against maxRetries (evictions, lost nodes, image pulls, `Ignore`
+    /// rules) allowed before the task is Dead.
+    #[serde(default = "default_max_infrastructure_retries")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub max_infrastructure_retries: i32,
+    /// When the next attempt may start while the previous attempt's pod is still terminating.
+    #[serde(default)]
+    pub pod_replacement_policy: PodReplacementPolicy,
 }
 
 impl Default for RetrySpec {
@@ -169,12 +185,29 @@ impl Default for RetrySpec {
             backoff: BackoffSpec::default(),
             budget_seconds: None,
             rules: Vec::new(),
+            max_infrastructure_retries: default_max_infrastructure_retries(),
+            pod_replacement_policy: PodReplacementPolicy::default(),
         }
     }
 }
 
 fn default_max_retries() -> i32 {
     3
+}
+
+fn default_max_infrastructure_retries() -> i32 {
+    10
+}
+
+/// The Job API's names: when the pod of an earlier attempt no longer blocks the next one.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PodReplacementPolicy {
+    /// Only once the earlier pod is gone or in phase Succeeded/Failed: never two live workers.
+    #[default]
+    Failed,
+    /// As soon as the earlier pod is terminating (has a deletionTimestamp), like the Job
+    /// controller's default: faster on lost nodes, but the old worker may still be running.
+    TerminatingOrFailed,
 }
 
 /// Delay before retry n: `min(baseSeconds * factor^(n-1), maxSeconds) + uniform(0, jitterMillis)`.
@@ -319,6 +352,9 @@ pub struct AxTaskStatus {
     /// Attempts that counted against maxRetries.
     #[serde(default)]
     pub retries: i32,
+    /// Failures that did not count against maxRetries (bounded by maxInfrastructureRetries).
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub infrastructure_retries: i32,
     /// Pod name of the current attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
@@ -359,14 +395,57 @@ pub struct AxTaskStatus {
     /// Oldest history entries dropped to keep the list at its cap.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub history_dropped: i64,
+    /// The most recent attempts, oldest first (at most `ATTEMPTS_CAP`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptRecord>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The last `spec.rerun` acted on.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub observed_rerun: i64,
 }
 
 fn is_zero(n: &i64) -> bool {
     *n == 0
+}
+
+fn is_zero_i32(n: &i32) -> bool {
+    *n == 0
+}
+
+/// How many attempts `status.attempts` keeps.
+pub const ATTEMPTS_CAP: usize = 20;
+
+/// One attempt: its pod, where and when it ran, and how it ended.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptRecord {
+    pub attempt: i32,
+    /// Name of the worker pod.
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[schemars(schema_with = "date_time")]
+    pub scheduled_at: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub started_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "date_time")]
+    pub finished_at: Option<Timestamp>,
+    /// The phase the attempt ended in (Succeeded, Failed, TimedOut, Canceled); absent while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "optional_phase")]
+    pub outcome: Option<TaskPhase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_kind: Option<FailureKind>,
+    /// Why it ended (`Completed`, `ExitCode`, `HardTimeout`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

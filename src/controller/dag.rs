@@ -415,6 +415,7 @@ fn graph_status(
         finished_at: finished_at(phase, before, now),
         conditions,
         observed_generation: generation,
+        observed_rerun: before.observed_rerun,
     }
 }
 
@@ -445,6 +446,7 @@ fn invalid_status(dag: &AxDag, before: &AxDagStatus, message: &str, now: Timesta
             ),
         ],
         observed_generation: generation,
+        observed_rerun: before.observed_rerun,
     }
 }
 

@@ -231,6 +231,7 @@ pub struct QueueReport {
     pub open_circuits: Vec<String>,
     pub dispatched: i64,
     pub dead: i64,
+    pub retry_tokens: u32,
     pub invalid: Option<String>,
     pub generation: Option<i64>,
 }
@@ -527,6 +528,7 @@ impl Registry {
                     open_circuits,
                     dispatched: entry.dispatched_base.saturating_add(entry.dispatched),
                     dead: entry.dead_base.saturating_add(entry.dead),
+                    retry_tokens: stats.retry_tokens,
                     invalid: entry.invalid.clone(),
                     generation: entry.generation,
                 }
@@ -863,6 +865,7 @@ pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp
         open_circuits: report.open_circuits.clone(),
         dispatched: report.dispatched,
         dead: report.dead,
+        retry_tokens: i64::from(report.retry_tokens),
         conditions,
         observed_generation: report.generation,
     }

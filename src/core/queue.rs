@@ -174,6 +174,8 @@ pub struct QueueStats {
     pub open_circuits: Vec<(String, BreakerState)>,
     /// Dispatches since this dispatcher was created.
     pub dispatched: u64,
+    /// Retry tokens available now.
+    pub retry_tokens: u32,
 }
 
 /// Index into `Dispatcher::types`.
@@ -425,6 +427,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             running: self.running.len(),
             open_circuits,
             dispatched: self.dispatched,
+            retry_tokens: self.retry_tokens.tokens(now),
         }
     }
 

@@ -46,6 +46,11 @@ impl TokenBucket {
         self.level_at(now) >= NANOS_PER_MINUTE
     }
 
+    /// Whole tokens available at `now`.
+    pub fn tokens(&self, now: Timestamp) -> u32 {
+        u32::try_from(self.level_at(now) / NANOS_PER_MINUTE).unwrap_or(u32::MAX)
+    }
+
     /// Takes one token if one is available at `now`.
     pub fn try_take(&mut self, now: Timestamp) -> bool {
         self.refill(now);
