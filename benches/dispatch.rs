@@ -6,7 +6,8 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use ax::core::queue::{Dispatcher, Outcome, PendingTask, Priority, QueueConfig};
+use ax::api::Priority;
+use ax::core::queue::{Dispatcher, Outcome, PendingTask, QueueConfig};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use jiff::{SignedDuration, Timestamp};
 

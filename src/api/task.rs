@@ -115,6 +115,19 @@ pub enum Priority {
 }
 
 impl Priority {
+    /// Highest first; also the tie-break order between buckets.
+    pub const ALL: [Priority; 4] = [
+        Priority::Critical,
+        Priority::High,
+        Priority::Normal,
+        Priority::Low,
+    ];
+
+    /// Position in [`Priority::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Priority::Critical => "Critical",

@@ -1,5 +1,6 @@
-//! Delivery of `spec.callback`: POST the final status, retry a few times with backoff, record the
-//! outcome as the `CallbackDelivered` condition. Never changes the task's phase.
+//! Delivery of `spec.callback`: POST the final status, retry a few times with backoff, and hand the
+//! outcome to the task's reconcile, which records it as the `CallbackDelivered` condition. Never
+//! changes the task's phase.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -10,14 +11,13 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::task::{key, write_status};
-use super::{Ctx, Error, TaskKey};
+use super::task::key;
+use super::{Ctx, TaskKey};
 use crate::api::AxTask;
-use crate::core::task::callback_outcome;
+use crate::core::task::CallbackResult;
 
 const ATTEMPTS: u32 = 4;
 const FIRST_DELAY: Duration = Duration::from_millis(500);
@@ -67,10 +67,14 @@ impl Callbacks {
         }
         tokio::spawn(async move {
             let (delivered, message) = ctx.callbacks.deliver(&task).await;
-            if let Err(e) = record(&task, delivered, &message, &ctx).await {
-                warn!(namespace = key.0, name = key.1, error = %e, "recording the callback outcome failed");
-            }
+            let result = if delivered {
+                CallbackResult::Delivered
+            } else {
+                CallbackResult::Failed
+            };
+            ctx.tracking.callback_done(&key, result, message);
             ctx.callbacks.in_flight().remove(&key);
+            ctx.wake(&key);
         });
     }
 
@@ -120,23 +124,4 @@ impl Callbacks {
             Err(_) => Err(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs())),
         }
     }
-}
-
-/// Writes the condition on the newest version of the task, retrying on conflicts.
-async fn record(task: &AxTask, delivered: bool, message: &str, ctx: &Ctx) -> Result<(), Error> {
-    let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
-    for _ in 0..5 {
-        let Some(latest) = api.get_opt(&task.name_any()).await? else {
-            return Ok(());
-        };
-        let status = latest.status.clone().unwrap_or_default();
-        let updated = callback_outcome(&status, delivered, message, jiff::Timestamp::now());
-        match write_status(&latest, &updated, ctx).await {
-            Ok(_) => return Ok(()),
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }

@@ -4,7 +4,7 @@
 //! Woken by the DAG's own changes and by its children's (an informer on AxTasks labelled
 //! `ax.dev/dag`), never by polling.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::write::{self, ApiError};
 use super::{Error, FIELD_MANAGER, Result};
 use crate::api::{
     AxDag, AxDagStatus, AxTask, Condition, DagNodePhase, DagNodeStatus, DagPhase, FailurePolicy,
@@ -34,6 +35,13 @@ const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 
 /// How soon to look again when a child's name is taken by an object this DAG does not own.
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(30);
+
+/// On every child: the child cannot disappear before this DAG has recorded how it finished, so a
+/// child that Succeeded and was deleted (its `ttlSecondsAfterFinished`) is never run again.
+pub const CHILD_FINALIZER: &str = "ax.dev/dag-child";
+
+/// How often children whose DAG is gone are freed of their finalizer.
+const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 pub struct DagContext {
     pub client: Client,
@@ -117,6 +125,8 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         metrics,
         expected: Mutex::new(Expectations::default()),
     });
+    let dags = controller.store();
+    let sweep = tokio::spawn(free_orphans(ctx.clone(), dags));
     info!("AxDag controller running");
     controller
         .run(reconcile, error_policy, ctx)
@@ -126,6 +136,40 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
             }
         })
         .await;
+    sweep.abort();
+}
+
+/// Children being deleted whose DAG is gone (deleted in the background) are never reconciled again:
+/// their finalizer comes off here.
+async fn free_orphans(ctx: DagCtx, dags: Store<AxDag>) {
+    let mut tick = tokio::time::interval(ORPHAN_SWEEP_EVERY);
+    loop {
+        tick.tick().await;
+        if !super::cache_listed(&dags) || !super::cache_listed(&ctx.children) {
+            continue;
+        }
+        let dag_uids: BTreeSet<String> = dags.state().iter().filter_map(|d| d.uid()).collect();
+        for child in ctx.children.state() {
+            let held = child.metadata.deletion_timestamp.is_some() && has_finalizer(&child);
+            let orphan = child
+                .owner_references()
+                .iter()
+                .filter(|o| o.controller == Some(true))
+                .all(|o| !dag_uids.contains(&o.uid));
+            if held && orphan {
+                let api: Api<AxTask> =
+                    Api::namespaced(ctx.client.clone(), &child.namespace().unwrap_or_default());
+                if let Err(e) = write::remove_finalizer(&api, child.as_ref(), CHILD_FINALIZER).await
+                {
+                    debug!(child = child.name_any(), error = %e, "freeing an orphaned child failed");
+                }
+            }
+        }
+    }
+}
+
+fn has_finalizer(child: &AxTask) -> bool {
+    child.finalizers().iter().any(|f| f == CHILD_FINALIZER)
 }
 
 #[tracing::instrument(skip_all, fields(namespace = dag.namespace(), name = dag.name_any()))]
@@ -137,15 +181,17 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     if !super::cache_listed(&ctx.children) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
+    let uid = dag.uid().ok_or(Error::Incomplete("uid"))?;
+    let children = owned_children(&dag, &uid, &ctx);
     if dag.metadata.deletion_timestamp.is_some() {
-        // The garbage collector removes the children through their owner references.
+        // The garbage collector removes the children through their owner references; there is
+        // nothing left to record, so nothing may hold them.
+        free_children(&dag, children.values(), &ctx).await?;
         return Ok(Requeue::await_change());
     }
-    let uid = dag.uid().ok_or(Error::Incomplete("uid"))?;
     // Taken before any child is created: `startedAt` is never later than the first child.
     let now = Timestamp::now();
-    let before = dag.status.clone().unwrap_or_default();
-    let children = owned_children(&dag, &uid, &ctx);
+    let mut before = dag.status.clone().unwrap_or_default();
 
     let spec_nodes: Vec<DagNode> = dag
         .spec
@@ -163,11 +209,17 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
                 cancel_children(&dag, children.keys(), &children, &ctx).await?;
             }
             let status = invalid_status(&dag, &before, &error.to_string(), now);
-            return write_and_publish(&dag, &before, status, &ctx).await;
+            let written = write_and_publish(&dag, &before, status, &ctx).await?;
+            return Ok(written.unwrap_or_else(Requeue::await_change));
         }
     };
 
+    let rerun = start_rerun(&dag, &mut before, &children, &ctx).await?;
     let mut phases = child_phases(&children);
+    for task in &rerun {
+        // Its re-run request is in; the child's own reconcile takes it from there.
+        phases.insert(task.clone(), ChildPhase::Pending);
+    }
     let waiting_for_cache = ctx.expected().fill_in(&uid, &mut phases, Instant::now());
     remember_finished_children(&before, &mut phases);
 
@@ -198,7 +250,20 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     cancel_children(&dag, evaluation.cancel.iter(), &children, &ctx).await?;
 
     let status = graph_status(&graph, &dag, &before, &evaluation, now);
-    let requeue = write_and_publish(&dag, &before, status, &ctx).await?;
+    let original = dag.status.clone().unwrap_or_default();
+    let Some(requeue) = write_and_publish(&dag, &original, status.clone(), &ctx).await? else {
+        return Ok(Requeue::await_change());
+    };
+    // Recorded: children being deleted may go now.
+    let recorded = children.iter().filter(|(task, child)| {
+        let phase = child_phase(child);
+        !phase.is_terminal()
+            || status
+                .nodes
+                .get(*task)
+                .is_some_and(|n| recorded_as(n, phase))
+    });
+    free_children(&dag, recorded.map(|(_, child)| child), &ctx).await?;
     Ok(if name_taken {
         Requeue::requeue(NAME_TAKEN_RETRY)
     } else if waiting_for_cache {
@@ -238,15 +303,26 @@ fn is_controlled_by(child: &AxTask, uid: &str) -> bool {
 fn child_phases(children: &HashMap<String, Arc<AxTask>>) -> HashMap<String, ChildPhase> {
     children
         .iter()
-        .map(|(task, child)| {
-            let phase = child.status.as_ref().and_then(|s| s.phase);
-            (task.clone(), child_phase(phase))
-        })
+        .map(|(task, child)| (task.clone(), child_phase(child)))
         .collect()
 }
 
-/// A child the task controller has not seen yet is Pending.
-fn child_phase(phase: Option<TaskPhase>) -> ChildPhase {
+/// A child the task controller has not seen yet, or whose re-run request it has not acted on yet,
+/// is Pending.
+fn child_phase(child: &AxTask) -> ChildPhase {
+    let status = child.status.as_ref();
+    let rerun_waiting = !child.spec.cancel
+        && child.spec.rerun > status.map_or(0, |s| s.observed_rerun)
+        && status
+            .and_then(|s| s.phase)
+            .is_some_and(TaskPhase::is_terminal);
+    if rerun_waiting {
+        return ChildPhase::Pending;
+    }
+    phase_of(status.and_then(|s| s.phase))
+}
+
+fn phase_of(phase: Option<TaskPhase>) -> ChildPhase {
     match phase {
         None | Some(TaskPhase::Pending) => ChildPhase::Pending,
         Some(TaskPhase::Scheduled) => ChildPhase::Scheduled,
@@ -257,6 +333,92 @@ fn child_phase(phase: Option<TaskPhase>) -> ChildPhase {
         Some(TaskPhase::Dead) => ChildPhase::Dead,
         Some(TaskPhase::Canceled) => ChildPhase::Canceled,
     }
+}
+
+/// Whether the DAG's status records the child as finished the way it did.
+fn recorded_as(node: &DagNodeStatus, phase: ChildPhase) -> bool {
+    node.task.is_some()
+        && matches!(
+            (node.phase, phase),
+            (DagNodePhase::Succeeded, ChildPhase::Succeeded)
+                | (DagNodePhase::Dead, ChildPhase::Dead)
+                | (DagNodePhase::Canceled, ChildPhase::Canceled)
+        )
+}
+
+/// Takes the finalizer off children being deleted.
+async fn free_children<'a>(
+    dag: &AxDag,
+    children: impl Iterator<Item = &'a Arc<AxTask>>,
+    ctx: &DagCtx,
+) -> Result<()> {
+    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
+    for child in children {
+        if child.metadata.deletion_timestamp.is_some() && has_finalizer(child) {
+            write::remove_finalizer(&api, child.as_ref(), CHILD_FINALIZER).await?;
+            debug!(
+                child = child.name_any(),
+                "finished child recorded; it may go"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Acts on a re-run request of a finished DAG, like `argo retry`: children that Succeeded are kept;
+/// Dead and Canceled children get a re-run request of their own; Skipped tasks, and finished
+/// children that are gone, start again from nothing. `before` becomes the status the re-run starts
+/// from. Returns the tasks whose children were asked to re-run. A request while the DAG runs waits
+/// until it has finished.
+async fn start_rerun(
+    dag: &AxDag,
+    before: &mut AxDagStatus,
+    children: &HashMap<String, Arc<AxTask>>,
+    ctx: &DagCtx,
+) -> Result<BTreeSet<String>> {
+    let mut asked = BTreeSet::new();
+    let finished = before.phase.is_some_and(DagPhase::is_terminal);
+    if dag.spec.rerun <= before.observed_rerun || dag.spec.cancel || !finished {
+        return Ok(asked);
+    }
+    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
+    for (task, node) in before.nodes.iter_mut() {
+        if matches!(node.phase, DagNodePhase::Succeeded) {
+            continue;
+        }
+        match children.get(task) {
+            Some(child)
+                if matches!(child_phase(child), ChildPhase::Dead | ChildPhase::Canceled) =>
+            {
+                let patch = Patch::Merge(serde_json::json!({
+                    "metadata": {"resourceVersion": child.resource_version()},
+                    "spec": {"rerun": child.spec.rerun + 1, "cancel": false},
+                }));
+                let params = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                api.patch(&child.name_any(), &params, &patch).await?;
+                asked.insert(task.clone());
+            }
+            Some(_) => {}
+            None => {
+                node.phase = DagNodePhase::NotStarted;
+                node.task = None;
+            }
+        }
+    }
+    before.observed_rerun += 1;
+    let note = format!(
+        "re-run {} (spec.rerun={}): {} failed tasks asked to run again",
+        before.observed_rerun,
+        dag.spec.rerun,
+        asked.len()
+    );
+    publish(dag, EventType::Normal, "Rerun", &note, ctx);
+    Ok(asked)
 }
 
 /// A child that finished and was deleted since (e.g. by its `ttlSecondsAfterFinished`) keeps the
@@ -299,6 +461,7 @@ async fn create_child(
         (LABEL_DAG.to_owned(), dag.name_any()),
         (LABEL_DAG_TASK.to_owned(), task.to_owned()),
     ]));
+    child.metadata.finalizers = Some(vec![CHILD_FINALIZER.to_owned()]);
     child.metadata.owner_references = Some(vec![OwnerReference {
         api_version: AxDag::api_version(&()).into_owned(),
         kind: AxDag::kind(&()).into_owned(),
@@ -318,21 +481,23 @@ async fn create_child(
             Ok(Created::Yes)
         }
         // Created before (by an earlier run of the operator, or by this one on a lagging cache).
-        Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(child_name).await? {
-            Some(existing) if is_controlled_by(&existing, uid) => Ok(Created::Yes),
-            // Deleted in between: the next reconcile creates it.
-            None => Ok(Created::Yes),
-            Some(_) => {
-                publish(
-                    dag,
-                    EventType::Warning,
-                    "ChildNameTaken",
-                    &format!("AxTask {child_name} exists and does not belong to this DAG"),
-                    ctx,
-                );
-                Ok(Created::NameTaken)
+        Err(e) if ApiError::of(&e) == ApiError::AlreadyExists => {
+            match api.get_opt(child_name).await? {
+                Some(existing) if is_controlled_by(&existing, uid) => Ok(Created::Yes),
+                // Deleted in between: the next reconcile creates it.
+                None => Ok(Created::Yes),
+                Some(_) => {
+                    publish(
+                        dag,
+                        EventType::Warning,
+                        "ChildNameTaken",
+                        &format!("AxTask {child_name} exists and does not belong to this DAG"),
+                        ctx,
+                    );
+                    Ok(Created::NameTaken)
+                }
             }
-        },
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -366,7 +531,7 @@ async fn cancel_children<'a>(
         }
         match api.patch(&child.name_any(), &params, &patch).await {
             Ok(_) => debug!(child = child.name_any(), "child canceled"),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) if ApiError::of(&e) == ApiError::NotFound => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -561,49 +726,32 @@ fn dag_phase(phase: core::DagPhase) -> DagPhase {
     }
 }
 
-/// Writes the status if it changed, then publishes an Event if the phase changed.
+/// Writes the status if it changed, then publishes an Event if the phase changed. `None` when the
+/// write conflicted (a newer DAG is on its way) or the DAG is gone: nothing was recorded.
 async fn write_and_publish(
     dag: &AxDag,
     before: &AxDagStatus,
     status: AxDagStatus,
     ctx: &DagCtx,
-) -> Result<Requeue> {
+) -> Result<Option<Requeue>> {
     if *before == status {
-        return Ok(Requeue::await_change());
+        return Ok(Some(Requeue::await_change()));
     }
-    match write_status(dag, &status, ctx).await {
-        Ok(()) => {}
-        Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 || e.code == 404 => {
-            // A newer version of the DAG (often our own last write) is on its way through the
-            // watch and will be reconciled then; or the DAG is gone.
-            debug!("dag status write conflicted; waiting for the newer version");
-            return Ok(Requeue::await_change());
-        }
-        Err(e) => return Err(e),
+    if let Err(e) = write::dag_status(&ctx.client, dag, &status).await {
+        return match ApiError::of_result(&e) {
+            ApiError::Conflict | ApiError::NotFound => {
+                debug!("dag status write conflicted; waiting for the newer version");
+                Ok(None)
+            }
+            _ => Err(e),
+        };
     }
     if before.phase != status.phase
         && let Some(phase) = status.phase
     {
         publish_phase(dag, before.phase, phase, &status, ctx);
     }
-    Ok(Requeue::await_change())
-}
-
-/// Server-side apply of the whole status under the operator's field manager; the resourceVersion
-/// makes it conditional, so a decision taken on a stale copy never overwrites newer state.
-async fn write_status(dag: &AxDag, status: &AxDagStatus, ctx: &DagCtx) -> Result<()> {
-    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let api: Api<AxDag> = Api::namespaced(ctx.client.clone(), &namespace);
-    let patch = serde_json::json!({
-        "apiVersion": AxDag::api_version(&()),
-        "kind": AxDag::kind(&()),
-        "metadata": { "name": dag.name_any(), "resourceVersion": dag.resource_version() },
-        "status": status,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch_status(&dag.name_any(), &params, &Patch::Apply(&patch))
-        .await?;
-    Ok(())
+    Ok(Some(Requeue::await_change()))
 }
 
 fn publish_phase(
@@ -777,8 +925,21 @@ mod tests {
 
     #[test]
     fn a_child_not_seen_by_the_task_controller_is_pending() {
-        assert_eq!(child_phase(None), ChildPhase::Pending);
-        assert_eq!(child_phase(Some(TaskPhase::Dead)), ChildPhase::Dead);
+        assert_eq!(phase_of(None), ChildPhase::Pending);
+        assert_eq!(phase_of(Some(TaskPhase::Dead)), ChildPhase::Dead);
+        let mut child: AxTask = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask", "metadata": {"name": "d-a"},
+            "spec": {"type": "x", "template": {"spec": {"containers": []}}},
+            "status": {"phase": "Dead"},
+        }))
+        .expect("a task");
+        assert_eq!(child_phase(&child), ChildPhase::Dead);
+        child.spec.rerun = 1;
+        assert_eq!(
+            child_phase(&child),
+            ChildPhase::Pending,
+            "its re-run is on its way"
+        );
     }
 
     #[test]

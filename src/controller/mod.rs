@@ -1,4 +1,13 @@
-//! Thin reconcilers: gather inputs from the informer caches, decide with `crate::core`, write.
+//! Thin reconcilers (client required): gather inputs from the informer caches, decide with
+//! `crate::core`, write once, then act.
+//!
+//! - `task`: the AxTask reconciler, the only writer of a task's status; it also starts attempts
+//!   when the dispatcher grants a slot (`dispatch`), so no two writers race on a task.
+//! - `dispatch`: asks the queues which tasks go next and wakes their reconciles.
+//! - `queue`: the AxQueue watcher, the queue status loop, the `default` queue, queue Events.
+//! - `dag`: the AxDag reconciler. `callback`: delivery of `spec.callback`.
+//! - `write`: every status write and the reading of API status codes.
+//! - `run`: the wiring.
 
 pub mod callback;
 pub mod dag;
@@ -6,24 +15,32 @@ pub mod dispatch;
 pub mod queue;
 pub mod run;
 pub mod task;
+pub mod write;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
+use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 
 use crate::api::{AxQueue, AxTask};
+use crate::core::queue::Registry;
+use crate::core::task::CallbackResult;
 use crate::ops::metrics::Metrics;
+
+pub use crate::core::queue::TaskKey;
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "ax-operator";
 
-/// Namespace and name of a task: how the queue refers to it.
-pub type TaskKey = (String, String);
+/// How long a pod this process created counts as existing while the cache has not shown it: long
+/// enough for any watch lag, short enough that a pod deleted before the cache saw it is noticed.
+const EXPECTED_POD_TTL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -45,13 +62,13 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub queue_store: Store<AxQueue>,
-    /// One dispatcher per AxQueue and where every queued task is.
-    pub queues: queue::Queues,
-    /// The copy of each queued task as the reconciler last wrote it, which the cache may not have
-    /// caught up with yet when the dispatcher picks the task.
-    pub queued_copies: Mutex<HashMap<TaskKey, Arc<AxTask>>>,
-    /// Wakes the dispatcher when the queue may have something to do.
+    /// One dispatcher per AxQueue and where every task is.
+    pub queues: Queues,
+    /// Wakes the dispatch loop when a slot may have been freed or a task became eligible.
     pub dispatch_wanted: Notify,
+    /// Reconciles a task soon: it was granted a slot, what holds it changed, its callback answered.
+    pub wake: UnboundedSender<ObjectRef<AxTask>>,
+    pub tracking: Tracking,
     /// `ax-operator/<pod>`: the actor recorded in history.
     pub operator: String,
     pub callbacks: callback::Callbacks,
@@ -61,31 +78,120 @@ pub struct Context {
 pub type Ctx = Arc<Context>;
 
 impl Context {
-    /// The newer of the cached task and the copy the reconciler queued (by resourceVersion, which
-    /// etcd makes a counter; if either does not parse, the queued copy wins as it was written last).
-    pub fn freshest_task(&self, key: &TaskKey) -> Option<Arc<AxTask>> {
-        let queued = self
-            .queued_copies
+    /// Asks for a reconcile of the task `key` (dropped if the controller stopped).
+    pub fn wake(&self, key: &TaskKey) {
+        let _ = self
+            .wake
+            .unbounded_send(ObjectRef::new(&key.1).within(&key.0));
+    }
+}
+
+/// The registry behind a lock, as the reconcilers and the dispatch loop share it.
+#[derive(Debug, Default)]
+pub struct Queues {
+    registry: Mutex<Registry>,
+}
+
+impl Queues {
+    /// A panic while holding the lock cannot leave the registry half-updated in a way that matters
+    /// more than stopping dispatch, so a poisoned lock is taken over.
+    pub fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
-        let cached = self
-            .tasks
-            .get(&kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0));
-        let version = |t: &AxTask| {
-            t.metadata
-                .resource_version
-                .as_deref()
-                .and_then(|v| v.parse::<u64>().ok())
-        };
-        match (queued, cached) {
-            (Some(q), Some(c)) => match (version(&q), version(&c)) {
-                (Some(qv), Some(cv)) if cv > qv => Some(c),
-                _ => Some(q),
-            },
-            (q, c) => q.or(c),
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What this process knows that the caches may not show yet.
+#[derive(Debug, Default)]
+pub struct Tracking(Mutex<TrackingState>);
+
+#[derive(Debug, Default)]
+struct TrackingState {
+    /// The resourceVersion of each task's last status write, until the cache has caught up: a
+    /// reconcile on an older copy would decide on stale state and lose its write to a conflict.
+    written: HashMap<TaskKey, u64>,
+    /// Worker pods created and not yet seen in the cache: (name, attempt, when).
+    expected_pods: HashMap<TaskKey, (String, i32, Instant)>,
+    /// Callback outcomes waiting to be recorded by the task's reconcile.
+    callbacks: HashMap<TaskKey, (CallbackResult, String)>,
+}
+
+impl Tracking {
+    fn lock(&self) -> MutexGuard<'_, TrackingState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the cached copy (of `version`) is older than what this process wrote; forgets the
+    /// write once the cache has it.
+    pub fn is_stale(&self, key: &TaskKey, version: Option<u64>) -> bool {
+        let mut state = self.lock();
+        match (state.written.get(key), version) {
+            (Some(written), Some(cached)) if cached < *written => true,
+            (Some(_), _) => {
+                state.written.remove(key);
+                false
+            }
+            (None, _) => false,
         }
     }
+
+    pub fn wrote(&self, key: &TaskKey, version: Option<u64>) {
+        if let Some(version) = version {
+            self.lock().written.insert(key.clone(), version);
+        }
+    }
+
+    pub fn expect_pod(&self, key: &TaskKey, name: &str, attempt: i32) {
+        self.lock()
+            .expected_pods
+            .insert(key.clone(), (name.to_string(), attempt, Instant::now()));
+    }
+
+    /// The pod created for `key` that the cache does not show yet, if any; `seen` says whether the
+    /// cache has a pod of that attempt (the expectation then ends).
+    pub fn expected_pod(&self, key: &TaskKey, seen: impl Fn(i32) -> bool) -> Option<(String, i32)> {
+        let mut state = self.lock();
+        let (name, attempt, since) = state.expected_pods.get(key)?.clone();
+        if seen(attempt) || since.elapsed() > EXPECTED_POD_TTL {
+            state.expected_pods.remove(key);
+            return None;
+        }
+        Some((name, attempt))
+    }
+
+    pub fn callback_done(&self, key: &TaskKey, result: CallbackResult, message: String) {
+        self.lock().callbacks.insert(key.clone(), (result, message));
+    }
+
+    pub fn take_callback(&self, key: &TaskKey) -> Option<(CallbackResult, String)> {
+        self.lock().callbacks.remove(key)
+    }
+
+    /// Forgets a deleted task.
+    pub fn forget(&self, key: &TaskKey) {
+        let mut state = self.lock();
+        state.written.remove(key);
+        state.expected_pods.remove(key);
+        state.callbacks.remove(key);
+    }
+
+    /// Keys with something tracked, for sweeping out deleted tasks.
+    pub fn keys(&self) -> Vec<TaskKey> {
+        let state = self.lock();
+        state
+            .written
+            .keys()
+            .chain(state.expected_pods.keys())
+            .chain(state.callbacks.keys())
+            .cloned()
+            .collect()
+    }
+}
+
+/// The resourceVersion of an object as a number (etcd makes it a counter).
+pub fn version_of<K: kube::Resource>(object: &K) -> Option<u64> {
+    object.meta().resource_version.as_deref()?.parse().ok()
 }
 
 /// Whether a cache has completed its first list, without waiting for it. Never await
@@ -133,4 +239,39 @@ where
             tracing::debug!(error = %e, "publishing event failed");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> TaskKey {
+        ("ns".into(), name.into())
+    }
+
+    #[test]
+    fn a_cached_copy_older_than_our_write_is_stale_until_the_cache_catches_up() {
+        let tracking = Tracking::default();
+        assert!(!tracking.is_stale(&key("a"), Some(5)));
+        tracking.wrote(&key("a"), Some(10));
+        assert!(tracking.is_stale(&key("a"), Some(9)));
+        assert!(!tracking.is_stale(&key("a"), Some(10)));
+        // Forgotten once caught up: an older copy later (a re-list) is not held back for ever.
+        assert!(!tracking.is_stale(&key("a"), Some(9)));
+    }
+
+    #[test]
+    fn an_expected_pod_counts_until_the_cache_shows_its_attempt() {
+        let tracking = Tracking::default();
+        tracking.expect_pod(&key("a"), "a-2", 2);
+        assert_eq!(
+            tracking.expected_pod(&key("a"), |_| false),
+            Some(("a-2".into(), 2))
+        );
+        assert_eq!(
+            tracking.expected_pod(&key("a"), |attempt| attempt == 2),
+            None
+        );
+        assert_eq!(tracking.expected_pod(&key("a"), |_| false), None);
+    }
 }

@@ -2,7 +2,7 @@
 //! the dispatcher and the AxQueue watcher and status writer, running side by side.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
-use super::{Context, dispatch, queue, task};
+use super::{Context, Queues, Tracking, dispatch, queue, task};
 use crate::api::{AxQueue, AxTask};
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
@@ -57,7 +57,11 @@ pub async fn run(
         watcher(queues_api, watcher::Config::default()).default_backoff(),
     );
 
-    let controller = Controller::new(tasks_api, watcher::Config::default()).owns_stream(pod_events);
+    // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
+    let (wake, woken) = futures::channel::mpsc::unbounded();
+    let controller = Controller::new(tasks_api, watcher::Config::default())
+        .owns_stream(pod_events)
+        .reconcile_on(woken);
     let reporter = Reporter {
         controller: "ax-operator".into(),
         instance: Some(settings.identity.clone()),
@@ -69,9 +73,10 @@ pub async fn run(
         pods: pods.clone(),
         nodes: nodes.clone(),
         queue_store,
-        queues: queue::Queues::default(),
-        queued_copies: Mutex::new(HashMap::new()),
+        queues: Queues::default(),
         dispatch_wanted: Notify::new(),
+        wake,
+        tracking: Tracking::default(),
         operator: format!("ax-operator/{}", settings.identity),
         callbacks: Callbacks::new()?,
         metrics: settings.metrics.clone(),

@@ -1,22 +1,32 @@
-//! The AxTask reconciler: read the task, its worker pod and node from the caches, decide with
-//! `core::task`, write the status once, then perform the side effects.
+//! The AxTask reconciler (client required): read the task, every pod of it and their nodes from the
+//! caches, decide with `core::task`, write the status once, then act on its pods. It is the only
+//! writer of a task's status, and it starts attempts itself when the queue grants a slot, so the
+//! status write at dispatch never races another writer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, queue};
-use crate::api::{AxTask, AxTaskStatus, HistoryEntry, TaskPhase};
-use crate::core::queue::Outcome;
-use crate::core::task::{self as core, Action, Clock, Decision, QueueState};
-use crate::core::worker;
+use super::write::{self, ApiError, api_message};
+use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, version_of};
+use crate::api::{AxTask, HistoryEntry, TaskPhase};
+use crate::core::queue::pending_of;
+use crate::core::task::{
+    self as core, Action, Clock, Decision, Inputs, Notice, QueueState, Refusal,
+};
+use crate::core::worker::{self, OUTCOME_FINALIZER, WorkerState, pod_name};
+
+/// How soon to look again when the worker pod's name is taken by a pod this task does not own (an
+/// older task of the same name whose pods the garbage collector has not removed yet).
+const NAME_TAKEN_RETRY: Duration = Duration::from_secs(2);
 
 pub fn key(task: &AxTask) -> TaskKey {
     (task.namespace().unwrap_or_default(), task.name_any())
@@ -24,7 +34,7 @@ pub fn key(task: &AxTask) -> TaskKey {
 
 pub fn clock(ctx: &Ctx) -> Clock<'_> {
     Clock {
-        now: jiff::Timestamp::now(),
+        now: Timestamp::now(),
         operator: &ctx.operator,
         unit_random: rand::random::<f64>(),
     }
@@ -38,35 +48,108 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
     if !super::cache_listed(&ctx.pods) || !super::cache_listed(&ctx.nodes) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
-    let status = task.status.clone().unwrap_or_default();
-    let observed = status
-        .worker
-        .as_ref()
-        .and_then(|name| observe_worker(&task, name, &ctx));
+    let key = key(&task);
+    if task.metadata.deletion_timestamp.is_some() {
+        // Its pods go with it (owner references); it holds nothing any more.
+        release(&key, &ctx);
+        return Ok(Requeue::await_change());
+    }
+    if ctx.tracking.is_stale(&key, version_of(task.as_ref())) {
+        // Our own newer write is on its way through the watch and triggers the next reconcile.
+        return Ok(Requeue::await_change());
+    }
+    let callback = ctx.tracking.take_callback(&key);
     let spec_error = core::validate(&task.spec).err();
-    let clock = clock(&ctx);
-    let decision = core::reconcile(
-        &task.spec,
-        &status,
-        task.metadata.generation,
-        observed.as_ref(),
-        spec_error.as_deref(),
-        &clock,
-    );
-    apply(&task, decision, &ctx).await
+    let mut current = task;
+    let mut refused: Option<Refusal> = None;
+    // At most twice: a pod the API server refuses is recorded in a second decision.
+    for _ in 0..2 {
+        let status = current.status.clone().unwrap_or_default();
+        let pods = pods_of(&current, &key, &ctx);
+        let clock = clock(&ctx);
+        let (granted, held) = {
+            let queues = ctx.queues.lock();
+            (queues.is_granted(&key), queues.held_reason(&key, clock.now))
+        };
+        let name = current.name_any();
+        let mut inputs = Inputs {
+            task_name: &name,
+            spec: &current.spec,
+            status: &status,
+            generation: current.metadata.generation,
+            spec_error: spec_error.as_ref(),
+            pods: &pods,
+            granted,
+            held: held
+                .as_ref()
+                .map(|(reason, message)| (*reason, message.as_str())),
+            refused: refused.as_ref(),
+            callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
+        };
+        let mut decision = core::decide(&inputs, &clock);
+        if decision.queue == QueueState::Ready && !granted && offer(&key, &current, &decision, &ctx)
+        {
+            // The queue had a free slot for it now: new (or due) → Scheduled in one write.
+            inputs.granted = true;
+            decision = core::decide(&inputs, &clock);
+        }
+        match apply(&current, &key, decision, &ctx).await? {
+            Applied::Done(requeue) => return Ok(requeue),
+            Applied::Refused(written, refusal) => {
+                current = written;
+                refused = Some(refusal);
+            }
+        }
+    }
+    Ok(Requeue::requeue(Duration::from_secs(1)))
 }
 
-/// The worker pod of this task named `name`, if the cache has it. A pod with that name owned by
-/// another object (e.g. an older task of the same name) is not ours and counts as missing.
-fn observe_worker(task: &AxTask, name: &str, ctx: &Ctx) -> Option<worker::WorkerState> {
-    let namespace = task.namespace()?;
-    let pod = ctx
-        .pods
-        .get(&ObjectRef::<Pod>::new(name).within(&namespace))?;
-    let uid = task.uid()?;
-    if !pod.owner_references().iter().any(|o| o.uid == uid) {
-        return None;
+/// Offers a task that waits for a slot to its queue: one dispatch step runs now. Returns whether it
+/// was this task that got the slot; another task that got it is woken.
+fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
+    let created = task.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let pending = pending_of(&task.spec, &decision.status, created);
+    let mut queues = ctx.queues.lock();
+    queues.upsert(key, &task.spec.queue, pending);
+    match queues.next(Timestamp::now()) {
+        Some((picked, _)) if picked == *key => true,
+        Some((other, _)) => {
+            drop(queues);
+            ctx.wake(&other);
+            false
+        }
+        None => false,
     }
+}
+
+/// Every pod of this task of attempts 1..=current, owned by it (a pod of that name owned by another
+/// object, e.g. an older task of the same name, is not ours), plus the pod just created and not yet
+/// in the cache.
+fn pods_of(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
+    let (Some(namespace), Some(uid)) = (task.namespace(), task.uid()) else {
+        return Vec::new();
+    };
+    let attempts = task.status.as_ref().map_or(0, |s| s.attempt);
+    let mut pods: Vec<WorkerState> = (1..=attempts)
+        .filter_map(|attempt| {
+            let name = pod_name(&task.name_any(), attempt);
+            let pod = ctx
+                .pods
+                .get(&ObjectRef::<Pod>::new(&name).within(&namespace))?;
+            pod.owner_references()
+                .iter()
+                .any(|o| o.uid == uid)
+                .then(|| observe_pod(&pod, ctx))
+        })
+        .collect();
+    let seen = |attempt: i32| pods.iter().any(|p| p.attempt == attempt);
+    if let Some((name, attempt)) = ctx.tracking.expected_pod(key, seen) {
+        pods.push(worker::expected(&name, attempt));
+    }
+    pods
+}
+
+fn observe_pod(pod: &Pod, ctx: &Ctx) -> WorkerState {
     let node_ready = pod
         .spec
         .as_ref()
@@ -80,132 +163,140 @@ fn observe_worker(task: &AxTask, name: &str, ctx: &Ctx) -> Option<worker::Worker
                     .any(|c| c.type_ == "Ready" && c.status == "True"),
             )
         });
-    Some(worker::observe(&pod, node_ready))
+    worker::observe(pod, node_ready)
 }
 
-/// Writes the decision's status (if it changed), publishes its transitions, performs its actions
-/// and tells the dispatcher where the task stands.
-pub async fn apply(task: &AxTask, decision: Decision, ctx: &Ctx) -> Result<Requeue> {
-    let key = key(task);
-    let mut written = Arc::new(task.clone());
+enum Applied {
+    Done(Requeue),
+    /// The API server refused the worker pod: decide again on the task as written.
+    Refused(Arc<AxTask>, Refusal),
+}
+
+/// Writes the decision's status (if it changed), publishes its transitions, tells the queue where
+/// the task stands, and performs its actions.
+async fn apply(
+    task: &Arc<AxTask>,
+    key: &TaskKey,
+    decision: Decision,
+    ctx: &Ctx,
+) -> Result<Applied> {
+    let mut written = task.clone();
     if task.status.as_ref() != Some(&decision.status) {
-        match write_status(task, &decision.status, ctx).await {
-            Ok(updated) => written = Arc::new(updated),
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
-                // Someone (often our own earlier write) changed the task: its newer version is on
-                // its way through the watch and will be reconciled then.
-                debug!("status write conflicted; waiting for the newer version");
-                return Ok(Requeue::await_change());
+        match write::task_status(&ctx.client, task, &decision.status).await {
+            Ok(updated) => {
+                ctx.tracking.wrote(key, version_of(&updated));
+                written = Arc::new(updated);
             }
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {
-                return Ok(Requeue::await_change());
-            }
-            Err(e) => return Err(e),
+            Err(e) => match ApiError::of_result(&e) {
+                // Someone else changed the task: its newer version is on its way through the watch.
+                ApiError::Conflict => {
+                    debug!("status write conflicted; waiting for the newer version");
+                    return Ok(Applied::Done(Requeue::await_change()));
+                }
+                ApiError::NotFound => {
+                    release(key, ctx);
+                    return Ok(Applied::Done(Requeue::await_change()));
+                }
+                _ => return Err(e),
+            },
         }
     }
     publish_transitions(&written, &decision.transitions, ctx);
-    update_queue(
-        &key,
-        decision.queue,
-        core::attempt_outcome(&decision),
-        &written,
-        ctx,
-    );
+    update_queue(key, &written, &decision, ctx);
 
+    let mut requeue = decision.requeue_after;
     for action in &decision.actions {
         match action {
-            Action::CreatePod => create_pod(&written, ctx).await?,
-            Action::DeletePod {
+            Action::CreatePod => match create_pod(&written, key, ctx).await? {
+                Created::Yes => {}
+                Created::NameTaken => {
+                    requeue = Some(requeue.map_or(NAME_TAKEN_RETRY, |r| r.min(NAME_TAKEN_RETRY)));
+                }
+                Created::Refused(refusal) => return Ok(Applied::Refused(written, refusal)),
+            },
+            Action::KillPod {
                 name,
+                uid,
                 grace_seconds,
-            } => delete_pod(task, name, *grace_seconds, ctx).await?,
+                keep_outcome,
+            } => kill_pod(&written, name, uid, *grace_seconds, *keep_outcome, ctx).await?,
+            Action::RemoveFinalizer { name, uid } => {
+                remove_finalizer(&written, name, uid, ctx).await?
+            }
             Action::Warn { reason, message } => {
-                publish(&written, EventType::Warning, reason, message, ctx)
+                publish(&written, EventType::Warning, reason.as_str(), message, ctx)
             }
             Action::SendCallback => ctx.callbacks.send(written.clone(), ctx.clone()),
             Action::DeleteTask => {
                 let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &key.0);
                 info!("deleting task: ttlSecondsAfterFinished passed");
-                match api.delete(&key.1, &DeleteParams::background()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e.into()),
+                if let Err(e) = api.delete(&key.1, &DeleteParams::background()).await
+                    && ApiError::of(&e) != ApiError::NotFound
+                {
+                    return Err(e.into());
                 }
             }
         }
     }
-    Ok(match decision.requeue_after {
+    Ok(Applied::Done(match requeue {
         // A little slack so the deadline has certainly passed when we look again.
         Some(after) => Requeue::requeue(after + Duration::from_millis(50)),
         None => Requeue::await_change(),
-    })
+    }))
 }
 
-/// Writes the whole status with server-side apply. The resourceVersion makes it conditional: a
-/// decision taken on a stale copy fails with a conflict instead of overwriting newer state.
-pub async fn write_status(task: &AxTask, status: &AxTaskStatus, ctx: &Ctx) -> Result<AxTask> {
-    let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
-    let patch = serde_json::json!({
-        "apiVersion": AxTask::api_version(&()),
-        "kind": AxTask::kind(&()),
-        "metadata": { "name": task.name_any(), "resourceVersion": task.resource_version() },
-        "status": status,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    Ok(api
-        .patch_status(&task.name_any(), &params, &Patch::Apply(&patch))
-        .await?)
-}
-
-/// Tells the task's queue where the task stands: the outcome of an attempt that just ended first
-/// (it frees the slot and feeds the circuit breaker), then whether it waits for dispatch.
-fn update_queue(
-    key: &TaskKey,
-    state: QueueState,
-    outcome: Option<Outcome>,
-    task: &Arc<AxTask>,
-    ctx: &Ctx,
-) {
+/// Tells the task's queue where it stands: the outcome of an attempt that just ended first (it
+/// feeds the circuit breaker), then whether it holds a slot, waits for one, or neither.
+fn update_queue(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) {
+    let now = Timestamp::now();
+    let spec = &task.spec;
     let mut queues = ctx.queues.lock();
-    let mut wake = outcome.is_some_and(|o| queues.finished(key, o, jiff::Timestamp::now()));
-    match state {
-        QueueState::Ready => {
-            let taken = queues.upsert(
-                key,
-                &task.spec.queue,
-                queue::pending_task(task),
-                queue::version_of(task.as_ref()),
-            );
-            drop(queues);
-            if taken {
-                ctx.queued_copies
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(key.clone(), task.clone());
-                wake = true;
-            }
-        }
-        QueueState::Running => {
-            queues.mark_running(key, &task.spec.queue, &task.spec.task_type);
-        }
-        QueueState::Waiting | QueueState::Done => {
-            wake |= queues.remove(key);
-            drop(queues);
-            ctx.queued_copies
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(key);
-        }
+    if let Some(outcome) = decision.outcome {
+        queues.record_outcome(key, outcome, now);
     }
-    if wake {
+    if decision.dispatched {
+        queues.dispatched(key);
+    }
+    let freed = match decision.queue {
+        QueueState::Ready => {
+            let created = task.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            queues.upsert(
+                key,
+                &spec.queue,
+                pending_of(spec, &decision.status, created),
+            );
+            true
+        }
+        QueueState::Holding => {
+            queues.hold(key, &spec.queue, &spec.task_type);
+            false
+        }
+        QueueState::Waiting | QueueState::Done => queues.remove(key),
+    };
+    drop(queues);
+    if freed || decision.outcome.is_some() {
         ctx.dispatch_wanted.notify_one();
     }
 }
 
-/// Creates the worker pod of the current attempt. It already existing is success: the name is
-/// deterministic, so this is how a restart or a second replica is kept from making a duplicate.
-pub async fn create_pod(task: &Arc<AxTask>, ctx: &Ctx) -> Result<()> {
+/// The task is gone or going: it holds nothing, and nothing is tracked for it.
+fn release(key: &TaskKey, ctx: &Ctx) {
+    if ctx.queues.lock().remove(key) {
+        ctx.dispatch_wanted.notify_one();
+    }
+    ctx.tracking.forget(key);
+}
+
+enum Created {
+    /// Created now, or it exists and is ours.
+    Yes,
+    /// A pod of that name exists and belongs to something else.
+    NameTaken,
+    Refused(Refusal),
+}
+
+/// Creates the worker pod of the current attempt.
+async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> {
     let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
     let status = task.status.clone().unwrap_or_default();
     let payload = task
@@ -215,61 +306,142 @@ pub async fn create_pod(task: &Arc<AxTask>, ctx: &Ctx) -> Result<()> {
         .map(core::payload_json)
         .unwrap_or_else(|| "{}".into());
     let pod = worker::build_pod(task, status.attempt, &payload);
+    let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    match api
-        .create(
-            &PostParams {
-                field_manager: Some(FIELD_MANAGER.into()),
-                ..Default::default()
-            },
-            &pod,
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 422 || e.code == 400 => {
-            // The template is invalid: no retry can fix that.
-            warn!(error = %e.message, "worker pod rejected");
-            let decision = core::pod_rejected(&task.spec, &status, &e.message, &clock(ctx));
-            Box::pin(apply(task, decision, ctx)).await.map(|_| ())
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.create(&params, &pod).await {
+        Ok(_) => {
+            ctx.tracking.expect_pod(key, &name, status.attempt);
+            if let Some(queued_at) = status.queued_at {
+                // Dispatch latency: from eligible (queuedAt) to the worker pod created.
+                let latency = Timestamp::now().duration_since(queued_at);
+                ctx.metrics
+                    .dispatched(Duration::try_from(latency).unwrap_or_default());
+            }
+            Ok(Created::Yes)
         }
-        Err(e) => Err(e.into()),
+        Err(e) => match ApiError::of(&e) {
+            // Created before the cache could show it (a reconcile of a restarted operator).
+            ApiError::AlreadyExists => match api.get_opt(&name).await? {
+                Some(existing)
+                    if existing
+                        .owner_references()
+                        .iter()
+                        .any(|o| Some(&o.uid) == task.metadata.uid.as_ref()) =>
+                {
+                    ctx.tracking.expect_pod(key, &name, status.attempt);
+                    Ok(Created::Yes)
+                }
+                Some(_) => {
+                    warn!(
+                        pod = name,
+                        "the worker pod's name is taken by a pod of another owner"
+                    );
+                    Ok(Created::NameTaken)
+                }
+                None => Ok(Created::NameTaken),
+            },
+            ApiError::Forbidden => {
+                warn!(pod = name, error = %api_message(&e), "worker pod refused");
+                Ok(Created::Refused(Refusal::Forbidden(api_message(&e))))
+            }
+            ApiError::Invalid => {
+                warn!(pod = name, error = %api_message(&e), "worker pod rejected as invalid");
+                Ok(Created::Refused(Refusal::Invalid(api_message(&e))))
+            }
+            _ => Err(e.into()),
+        },
     }
 }
 
-async fn delete_pod(
+/// Stops a pod that should not run: deleted (preconditioned on its uid, so a newer pod of the same
+/// name is never hit), after the outcome finalizer was put on it when its last status matters.
+async fn kill_pod(
     task: &AxTask,
     name: &str,
+    uid: &str,
     grace_seconds: Option<i64>,
+    keep_outcome: bool,
     ctx: &Ctx,
 ) -> Result<()> {
     let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    if keep_outcome {
+        let has_finalizers = ctx
+            .pods
+            .get(&ObjectRef::<Pod>::new(name).within(&namespace))
+            .is_some_and(|p| {
+                p.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
+            });
+        let add = if has_finalizers {
+            serde_json::json!({"op": "add", "path": "/metadata/finalizers/-", "value": OUTCOME_FINALIZER})
+        } else {
+            serde_json::json!({"op": "add", "path": "/metadata/finalizers", "value": [OUTCOME_FINALIZER]})
+        };
+        let ops = serde_json::json!([{"op": "test", "path": "/metadata/uid", "value": uid}, add]);
+        let patch: json_patch::Patch = serde_json::from_value(ops)?;
+        match api
+            .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(_) => {}
+            // Gone, or another pod by now: nothing to keep.
+            Err(e) if matches!(ApiError::of(&e), ApiError::NotFound | ApiError::Invalid) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     let params = DeleteParams {
-        grace_period_seconds: grace_seconds.map(|g| g as u32),
+        grace_period_seconds: grace_seconds.map(|g| g.clamp(0, i64::from(u32::MAX)) as u32),
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
         ..DeleteParams::background()
     };
     match api.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Ok(_) => {
+            debug!(pod = name, ?grace_seconds, "worker pod deleted");
+            Ok(())
+        }
+        Err(e) if matches!(ApiError::of(&e), ApiError::NotFound | ApiError::Conflict) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
-/// One Event per transition, with the transition's CamelCase reason. Sent in the background:
-/// Events are a record for people, never on the path that moves a task.
+/// Takes the outcome finalizer off a pod whose last status has been read (and recorded).
+async fn remove_finalizer(task: &AxTask, name: &str, uid: &str, ctx: &Ctx) -> Result<()> {
+    let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let Some(pod) = ctx
+        .pods
+        .get(&ObjectRef::<Pod>::new(name).within(&namespace))
+    else {
+        return Ok(());
+    };
+    if pod.metadata.uid.as_deref() != Some(uid) {
+        return Ok(());
+    }
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    write::remove_finalizer(&api, pod.as_ref(), OUTCOME_FINALIZER).await
+}
+
+/// Metrics for every transition; an Event for those that tell a person something (failures,
+/// timeouts, outcomes, refusals, re-runs). Events are sent in the background: they are a record
+/// for people, never on the path that moves a task. The history in the status is the full record.
 pub fn publish_transitions(task: &AxTask, transitions: &[HistoryEntry], ctx: &Ctx) {
     for t in transitions {
         record_metrics(task, t, ctx);
-        let warning = matches!(
-            t.to,
-            TaskPhase::Failed | TaskPhase::TimedOut | TaskPhase::Dead
-        );
-        let kind = if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
+        let Some(notice) = core::notice(t) else {
+            continue;
+        };
+        let kind = match notice {
+            Notice::Normal => EventType::Normal,
+            Notice::Warning => EventType::Warning,
         };
         let note = format!(
             "{} -> {} (attempt {}): {}",
@@ -288,7 +460,14 @@ fn record_metrics(task: &AxTask, t: &HistoryEntry, ctx: &Ctx) {
     metrics.transition(t.from.map_or("New", |p| p.as_str()), t.to.as_str());
     let status = task.status.as_ref();
     match t.to {
-        TaskPhase::Pending if t.from.is_some() => {
+        TaskPhase::Scheduled => {
+            if let Some(queued_at) = status.and_then(|s| s.queued_at) {
+                let waited =
+                    Duration::try_from(t.time.duration_since(queued_at)).unwrap_or_default();
+                metrics.queue_waited(&task.spec.queue, task.spec.priority.as_str(), waited);
+            }
+        }
+        TaskPhase::Pending if t.reason == core::Reason::RetryScheduled.as_str() => {
             let kind = status
                 .and_then(|s| s.last_failure.as_ref())
                 .map_or("Unknown", |f| f.kind.as_str());
@@ -304,7 +483,7 @@ fn record_metrics(task: &AxTask, t: &HistoryEntry, ctx: &Ctx) {
         let since = status
             .and_then(|s| s.history.first())
             .map_or(t.time, |h| h.time);
-        let took = std::time::Duration::try_from(t.time.duration_since(since)).unwrap_or_default();
+        let took = Duration::try_from(t.time.duration_since(since)).unwrap_or_default();
         metrics.task_finished(task_type, t.to.as_str(), took);
     }
 }

@@ -2,10 +2,7 @@
 //! randomness of their own. Tested exhaustively; the controllers only gather inputs and write.
 
 pub mod backoff;
-pub mod breaker;
 pub mod dag;
 pub mod queue;
 pub mod task;
-pub mod token_bucket;
-pub mod weights;
 pub mod worker;

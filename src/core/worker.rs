@@ -18,6 +18,15 @@ pub const LABEL_TYPE: &str = "ax.dev/type";
 pub const PAYLOAD_ANNOTATION: &str = "ax.dev/payload";
 pub const PAYLOAD_DIR: &str = "/var/run/ax";
 pub const PAYLOAD_FILE: &str = "payload.json";
+/// Pod template annotation naming the main container (default: the first).
+pub const MAIN_CONTAINER_ANNOTATION: &str = "ax.dev/main-container";
+/// Put on a worker pod before the operator kills it for a timeout, and taken off once its outcome
+/// is read: the kubelet's last status (a worker that finished during its grace period) cannot be
+/// lost by the pod object disappearing first.
+pub const OUTCOME_FINALIZER: &str = "ax.dev/worker-outcome";
+/// Largest payload also handed over as env `AX_PAYLOAD`: Linux refuses a single environment string
+/// over 128 KiB, and big environments slow every exec. Larger payloads are only in the file.
+pub const ENV_PAYLOAD_MAX_BYTES: usize = 32 * 1024;
 /// Pod names double as hostnames, which must be DNS labels.
 const MAX_NAME: usize = 63;
 const HASH_LEN: usize = 10;
@@ -114,19 +123,27 @@ pub fn build_pod(task: &AxTask, attempt: i32, payload_json: &str) -> Pod {
         }),
         ..Default::default()
     });
-    let env = [
+    let payload_file = format!("{PAYLOAD_DIR}/{PAYLOAD_FILE}");
+    let attempt_text = attempt.to_string();
+    let mut vars = vec![
         ("AX_TASK", name.as_str()),
         ("AX_NAMESPACE", namespace.as_str()),
-        ("AX_ATTEMPT", &attempt.to_string()),
+        ("AX_ATTEMPT", attempt_text.as_str()),
         ("AX_TYPE", spec.task_type.as_str()),
         ("AX_IDEMPOTENCY_KEY", uid.as_str()),
-        ("AX_PAYLOAD", payload_json),
-    ]
-    .map(|(k, v)| EnvVar {
-        name: k.into(),
-        value: Some(v.to_string()),
-        value_from: None,
-    });
+        ("AX_PAYLOAD_FILE", payload_file.as_str()),
+    ];
+    if payload_json.len() <= ENV_PAYLOAD_MAX_BYTES {
+        vars.push(("AX_PAYLOAD", payload_json));
+    }
+    let env: Vec<EnvVar> = vars
+        .into_iter()
+        .map(|(k, v)| EnvVar {
+            name: k.into(),
+            value: Some(v.to_string()),
+            value_from: None,
+        })
+        .collect();
     for container in &mut pod_spec.containers {
         add_worker_env(container, &env);
         container
@@ -153,22 +170,63 @@ fn add_worker_env(container: &mut Container, env: &[EnvVar]) {
     container.env = Some(all);
 }
 
-/// What the operator needs to know about a worker pod, extracted from its status.
+/// What the operator needs to know about one worker pod, extracted from its metadata and status.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct WorkerState {
+    pub name: String,
+    /// `None` for a pod this process created that the cache has not shown yet.
+    pub uid: Option<String>,
+    /// The attempt it runs (label `ax.dev/attempt`; 0 when the label is missing or not a number).
+    pub attempt: i32,
     pub phase: PodPhase,
     /// The pod is being deleted (it has a deletionTimestamp).
     pub deleting: bool,
+    /// The grace period of the deletion in progress.
+    pub deletion_grace_seconds: Option<i64>,
+    /// The pod carries [`OUTCOME_FINALIZER`].
+    pub outcome_finalizer: bool,
+    /// All its finalizers, in order (to patch the list by index).
+    pub finalizers: Vec<String>,
     pub node: Option<String>,
     /// `Some(false)` when the pod's node is known and not Ready.
     pub node_ready: Option<bool>,
+    /// The main container, which alone decides success and failure.
+    pub main: MainContainer,
+    /// Restarts of the main container.
     pub restarts: i32,
-    /// The worker container's exit, when it has terminated.
+    /// How the attempt ended: the main container's exit, or that of an init container that failed.
     pub exit: Option<ContainerExit>,
-    /// A container waiting reason that means it will never start (e.g. `ErrImagePull`).
+    /// A container waiting reason that means it does not start by itself (e.g. `ErrImagePull`),
+    /// with its message.
     pub stuck_reason: Option<(String, String)>,
     /// The pod was evicted, lost its node or is a disruption target.
     pub disrupted: Option<(String, String)>,
+}
+
+impl WorkerState {
+    /// A pod that may still run a worker: not in phase Succeeded/Failed.
+    pub fn is_running_phase(&self) -> bool {
+        !matches!(self.phase, PodPhase::Succeeded | PodPhase::Failed)
+    }
+
+    /// Whether the main container has finished (an exit is known, or the pod is terminal).
+    pub fn main_finished(&self) -> bool {
+        self.main == MainContainer::Terminated || !self.is_running_phase()
+    }
+}
+
+/// The state of the main container as the kubelet reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MainContainer {
+    /// No status reported yet.
+    #[default]
+    Unknown,
+    Waiting,
+    Running {
+        /// The kubelet's readiness of the container (its readiness probe, if any).
+        ready: bool,
+    },
+    Terminated,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -189,7 +247,19 @@ pub struct ContainerExit {
     pub message: String,
 }
 
-/// Waiting reasons after which a container never starts without a change to the spec.
+/// The name of the main container of a pod template or pod: the one named by annotation
+/// [`MAIN_CONTAINER_ANNOTATION`], else the first.
+pub fn main_container_name<'a>(
+    annotations: Option<&'a BTreeMap<String, String>>,
+    containers: &'a [Container],
+) -> Option<&'a str> {
+    match annotations.and_then(|a| a.get(MAIN_CONTAINER_ANNOTATION)) {
+        Some(name) => Some(name.as_str()),
+        None => containers.first().map(|c| c.name.as_str()),
+    }
+}
+
+/// Waiting reasons after which a container does not start by itself.
 const STUCK_REASONS: &[&str] = &[
     "ErrImagePull",
     "ImagePullBackOff",
@@ -209,22 +279,43 @@ pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
         _ => PodPhase::Pending,
     };
     let containers = status.container_statuses.unwrap_or_default();
-    let restarts = containers.iter().map(|c| c.restart_count).sum();
-    // The first container that failed decides; otherwise the first that terminated.
-    let terminated: Vec<_> = containers
+    let init_containers = status.init_container_statuses.unwrap_or_default();
+    let spec_containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default();
+    let main_name = main_container_name(pod.metadata.annotations.as_ref(), spec_containers)
+        .map(str::to_owned)
+        .or_else(|| containers.first().map(|c| c.name.clone()));
+    let main_status = containers
         .iter()
-        .filter_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone()))
-        .collect();
-    let exit = terminated
-        .iter()
-        .find(|t| t.exit_code != 0)
-        .or(terminated.first())
-        .map(|t| ContainerExit {
+        .find(|c| Some(&c.name) == main_name.as_ref());
+    let main_state = main_status.and_then(|c| c.state.as_ref());
+    let main = match main_state {
+        Some(s) if s.terminated.is_some() => MainContainer::Terminated,
+        Some(s) if s.running.is_some() => MainContainer::Running {
+            ready: main_status.is_some_and(|c| c.ready),
+        },
+        Some(s) if s.waiting.is_some() => MainContainer::Waiting,
+        _ => MainContainer::Unknown,
+    };
+    let exit_of =
+        |t: &k8s_openapi::api::core::v1::ContainerStateTerminated, prefix: &str| ContainerExit {
             exit_code: t.exit_code,
-            reason: t.reason.clone().unwrap_or_default(),
+            reason: format!("{prefix}{}", t.reason.clone().unwrap_or_default()),
             message: t.message.clone().unwrap_or_default(),
-        });
-    let stuck_reason = containers.iter().find_map(|c| {
+        };
+    // An init container that failed ends the attempt before the main container ever runs.
+    let init_failure = init_containers.iter().find_map(|c| {
+        let t = c.state.as_ref()?.terminated.as_ref()?;
+        (t.exit_code != 0).then(|| exit_of(t, &format!("init container {}: ", c.name)))
+    });
+    let main_exit = main_state
+        .and_then(|s| s.terminated.as_ref())
+        .map(|t| exit_of(t, ""));
+    let exit = main_exit.or(init_failure);
+    let stuck_reason = init_containers.iter().chain(&containers).find_map(|c| {
         let waiting = c.state.as_ref()?.waiting.as_ref()?;
         let reason = waiting.reason.as_deref()?;
         STUCK_REASONS.contains(&reason).then(|| {
@@ -253,15 +344,40 @@ pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
             )
         }),
     };
+    let meta = &pod.metadata;
     WorkerState {
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone(),
+        attempt: meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_ATTEMPT))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0),
         phase,
-        deleting: pod.metadata.deletion_timestamp.is_some(),
+        deleting: meta.deletion_timestamp.is_some(),
+        deletion_grace_seconds: meta.deletion_grace_period_seconds,
+        outcome_finalizer: meta
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == OUTCOME_FINALIZER)),
+        finalizers: meta.finalizers.clone().unwrap_or_default(),
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         node_ready,
-        restarts,
+        main,
+        restarts: main_status.map_or(0, |c| c.restart_count),
         exit,
         stuck_reason,
         disrupted,
+    }
+}
+
+/// A pod this process created and the cache has not shown yet: it exists, nothing is known of it.
+pub fn expected(name: &str, attempt: i32) -> WorkerState {
+    WorkerState {
+        name: name.to_string(),
+        attempt,
+        ..WorkerState::default()
     }
 }
 

@@ -16,105 +16,16 @@
 //! containing the instant, else from `weights`. An overdue dispatch leaves the round robin state alone,
 //! so the weighted shares of the other dispatches are unchanged.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 
-use super::breaker::{Breaker, BreakerConfig, BreakerState, Verdict};
+use super::breaker::{Breaker, BreakerState, Verdict};
+use super::config::QueueConfig;
 use super::token_bucket::TokenBucket;
-use super::weights::{WeightWindow, Weights, effective_weights};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Priority {
-    Critical,
-    High,
-    Normal,
-    Low,
-}
-
-impl Priority {
-    /// Highest first; also the tie-break order between buckets.
-    pub const ALL: [Priority; 4] = [
-        Priority::Critical,
-        Priority::High,
-        Priority::Normal,
-        Priority::Low,
-    ];
-
-    fn index(self) -> usize {
-        self as usize
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Critical => "Critical",
-            Priority::High => "High",
-            Priority::Normal => "Normal",
-            Priority::Low => "Low",
-        }
-    }
-}
-
-/// How long the next task of a bucket may wait before it goes ahead of the weights; `None` = no limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MaxWait {
-    pub critical: Option<SignedDuration>,
-    pub high: Option<SignedDuration>,
-    pub normal: Option<SignedDuration>,
-    pub low: Option<SignedDuration>,
-}
-
-impl Default for MaxWait {
-    fn default() -> Self {
-        Self {
-            critical: None,
-            high: None,
-            normal: Some(SignedDuration::from_secs(30)),
-            low: Some(SignedDuration::from_secs(120)),
-        }
-    }
-}
-
-impl MaxWait {
-    pub fn of(&self, priority: Priority) -> Option<SignedDuration> {
-        match priority {
-            Priority::Critical => self.critical,
-            Priority::High => self.high,
-            Priority::Normal => self.normal,
-            Priority::Low => self.low,
-        }
-    }
-}
-
-/// The dispatch-relevant part of an AxQueue spec.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QueueConfig {
-    pub weights: Weights,
-    pub max_wait: MaxWait,
-    /// Most tasks dispatched and not yet finished (Scheduled + Running) at once.
-    pub concurrency: u32,
-    /// Per task type, most of its tasks dispatched and not yet finished at once.
-    pub type_concurrency: BTreeMap<String, u32>,
-    /// Rate of dispatches of attempts after the first; see `token_bucket` for the burst.
-    pub retry_rate_per_minute: u32,
-    pub circuit_breaker: BreakerConfig,
-    pub weight_schedule: Vec<WeightWindow>,
-}
-
-impl Default for QueueConfig {
-    fn default() -> Self {
-        Self {
-            weights: Weights::default(),
-            max_wait: MaxWait::default(),
-            concurrency: 100,
-            type_concurrency: BTreeMap::new(),
-            retry_rate_per_minute: 1000,
-            circuit_breaker: BreakerConfig::default(),
-            weight_schedule: Vec::new(),
-        }
-    }
-}
+use super::weights::{Weights, effective_weights};
+use crate::api::Priority;
 
 /// A task waiting to be dispatched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,7 +47,7 @@ pub enum Outcome {
     Aborted,
 }
 
-/// Why a pending task is not being dispatched right now.
+/// Why a pending task is not being dispatched right now: the reason of its `Queued` condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum HeldReason {
     /// The queue's `concurrency` is used up.
@@ -149,9 +60,23 @@ pub enum HeldReason {
     CircuitOpen,
     /// Nothing holds it but its turn: older or higher-weighted tasks go first.
     Waiting,
+    /// No AxQueue of the name the task gives exists (yet).
+    QueueNotFound,
+    /// The AxQueue exists but none of its specs so far could be applied.
+    QueueInvalid,
 }
 
 impl HeldReason {
+    pub const ALL: [HeldReason; 7] = [
+        HeldReason::ConcurrencyLimit,
+        HeldReason::TypeConcurrencyLimit,
+        HeldReason::RetryRateLimited,
+        HeldReason::CircuitOpen,
+        HeldReason::Waiting,
+        HeldReason::QueueNotFound,
+        HeldReason::QueueInvalid,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             HeldReason::ConcurrencyLimit => "ConcurrencyLimit",
@@ -159,7 +84,13 @@ impl HeldReason {
             HeldReason::RetryRateLimited => "RetryRateLimited",
             HeldReason::CircuitOpen => "CircuitOpen",
             HeldReason::Waiting => "Waiting",
+            HeldReason::QueueNotFound => "QueueNotFound",
+            HeldReason::QueueInvalid => "QueueInvalid",
         }
+    }
+
+    pub fn parse(reason: &str) -> Option<HeldReason> {
+        HeldReason::ALL.into_iter().find(|r| r.as_str() == reason)
     }
 }
 
@@ -268,6 +199,8 @@ struct RunningEntry {
     type_id: TypeId,
     /// The half-open probe of its type's breaker.
     probe: bool,
+    /// Its outcome already fed the breaker; releasing the slot later only frees it.
+    recorded: bool,
 }
 
 #[derive(Debug)]
@@ -358,6 +291,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             RunningEntry {
                 type_id,
                 probe: false,
+                recorded: false,
             },
         );
     }
@@ -366,6 +300,35 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     /// whether the task was counted as running (repeated calls are harmless).
     pub fn finished(&mut self, key: &K, outcome: Outcome, now: Timestamp) -> bool {
         self.release_running(key, outcome, Some(now))
+    }
+
+    /// Feeds the outcome of a dispatched task to its type's breaker once, keeping its slot: its pod
+    /// may still be stopping. Returns whether the outcome was recorded now.
+    pub fn record_outcome(&mut self, key: &K, outcome: Outcome, now: Timestamp) -> bool {
+        let Some(entry) = self.running.get_mut(key) else {
+            return false;
+        };
+        if entry.recorded {
+            return false;
+        }
+        entry.recorded = true;
+        let probe = std::mem::take(&mut entry.probe);
+        let state = &mut self.types[entry.type_id];
+        match outcome {
+            Outcome::Succeeded => {
+                state
+                    .breaker
+                    .record(Verdict::Success, probe, now, &self.config.circuit_breaker)
+            }
+            Outcome::Failed => {
+                state
+                    .breaker
+                    .record(Verdict::Failure, probe, now, &self.config.circuit_breaker)
+            }
+            Outcome::Aborted if probe => state.breaker.probe_abandoned(),
+            Outcome::Aborted => {}
+        }
+        true
     }
 
     /// Picks the task to dispatch at `now` and counts it as running, or `None` when nothing may go.
@@ -389,6 +352,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             RunningEntry {
                 type_id: lane.type_id,
                 probe,
+                recorded: false,
             },
         );
         self.dispatched += 1;
@@ -398,18 +362,18 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     /// Why the pending task `key` is not dispatched at `now`; `None` if it is not pending.
     /// A task held for several reasons reports the one most specific to it, in the order
     /// circuit, type concurrency, retry rate, queue concurrency.
-    pub fn held_reason(&self, key: &K, now: Timestamp) -> Option<HeldReason> {
+    /// The task's type is returned with the reason, for messages.
+    pub fn held_reason(&self, key: &K, now: Timestamp) -> Option<(HeldReason, &str)> {
         let entry = self.pending.get(key)?;
         let retry_token = self.retry_tokens.has_token(now);
-        Some(
-            lane_blocked(&self.types, entry.lane, now, retry_token).unwrap_or(
-                if self.running.len() >= self.config.concurrency as usize {
-                    HeldReason::ConcurrencyLimit
-                } else {
-                    HeldReason::Waiting
-                },
-            ),
-        )
+        let reason = lane_blocked(&self.types, entry.lane, now, retry_token).unwrap_or(
+            if self.running.len() >= self.config.concurrency as usize {
+                HeldReason::ConcurrencyLimit
+            } else {
+                HeldReason::Waiting
+            },
+        );
+        Some((reason, self.types[entry.lane.type_id].name.as_str()))
     }
 
     pub fn stats(&self, now: Timestamp) -> QueueStats {
@@ -535,6 +499,11 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         };
         let state = &mut self.types[entry.type_id];
         state.running -= 1;
+        let outcome = if entry.recorded {
+            Outcome::Aborted
+        } else {
+            outcome
+        };
         let verdict = match outcome {
             Outcome::Succeeded => Some(Verdict::Success),
             Outcome::Failed => Some(Verdict::Failure),
@@ -603,8 +572,15 @@ fn smooth_weighted_round_robin(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::collections::BTreeMap;
+
+    use jiff::SignedDuration;
     use proptest::prelude::*;
+
+    use super::*;
+    use crate::core::queue::MaxWait;
+    use crate::core::queue::breaker::BreakerConfig;
+    use crate::core::queue::weights::WeightWindow;
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + secs).expect("valid test timestamp")
@@ -702,7 +678,10 @@ mod tests {
         dispatcher.upsert(1, task(Priority::Critical, "a", t(0), 1));
         dispatcher.upsert(2, task(Priority::Low, "a", t(1), 1));
         assert_eq!(drain(&mut dispatcher, t(2)), vec![2]);
-        assert_eq!(dispatcher.held_reason(&1, t(2)), Some(HeldReason::Waiting));
+        assert_eq!(
+            dispatcher.held_reason(&1, t(2)).map(|(r, _)| r),
+            Some(HeldReason::Waiting)
+        );
     }
 
     #[test]
@@ -790,11 +769,11 @@ mod tests {
         }
         assert!(dispatcher.remove(&1));
         assert!(!dispatcher.remove(&1));
-        assert_eq!(dispatcher.held_reason(&1, t(5)), None);
+        assert_eq!(dispatcher.held_reason(&1, t(5)).map(|(r, _)| r), None);
         assert_eq!(dispatcher.next(t(5)), Some(2));
         assert_eq!(dispatcher.next(t(5)), None);
         assert_eq!(
-            dispatcher.held_reason(&3, t(5)),
+            dispatcher.held_reason(&3, t(5)).map(|(r, _)| r),
             Some(HeldReason::ConcurrencyLimit)
         );
         assert!(dispatcher.remove(&2));
@@ -832,11 +811,11 @@ mod tests {
         dispatcher.upsert(11, task(Priority::Normal, "fast", t(11), 1));
         assert_eq!(dispatcher.next(t(20)), Some(0));
         assert_eq!(
-            dispatcher.held_reason(&1, t(20)),
+            dispatcher.held_reason(&1, t(20)).map(|(r, _)| r),
             Some(HeldReason::TypeConcurrencyLimit)
         );
         assert_eq!(
-            dispatcher.held_reason(&10, t(20)),
+            dispatcher.held_reason(&10, t(20)).map(|(r, _)| r),
             Some(HeldReason::Waiting)
         );
         assert_eq!(dispatcher.next(t(20)), Some(10));
@@ -857,7 +836,7 @@ mod tests {
         dispatcher.upsert(3, task(Priority::Normal, "a", t(2), 1));
         assert_eq!(dispatcher.next(t(10)), Some(1));
         assert_eq!(
-            dispatcher.held_reason(&2, t(10)),
+            dispatcher.held_reason(&2, t(10)).map(|(r, _)| r),
             Some(HeldReason::RetryRateLimited)
         );
         assert_eq!(dispatcher.next(t(10)), Some(3));
@@ -887,7 +866,7 @@ mod tests {
         }
         dispatcher.upsert(30, task(Priority::High, "healthy", t(3), 1));
         assert_eq!(
-            dispatcher.held_reason(&20, t(4)),
+            dispatcher.held_reason(&20, t(4)).map(|(r, _)| r),
             Some(HeldReason::CircuitOpen)
         );
         assert_eq!(drain_without_finishing(&mut dispatcher, t(4)), vec![30]);
@@ -902,7 +881,7 @@ mod tests {
             Vec::<u32>::new()
         );
         assert_eq!(
-            dispatcher.held_reason(&21, t(100)),
+            dispatcher.held_reason(&21, t(100)).map(|(r, _)| r),
             Some(HeldReason::CircuitOpen)
         );
         // Probe fails: open again for 30 s.
@@ -999,7 +978,7 @@ mod tests {
         dispatcher.set_config(wider, t(2));
         assert_eq!(drain_without_finishing(&mut dispatcher, t(2)), vec![1]);
         assert_eq!(
-            dispatcher.held_reason(&2, t(2)),
+            dispatcher.held_reason(&2, t(2)).map(|(r, _)| r),
             Some(HeldReason::TypeConcurrencyLimit)
         );
     }
@@ -1140,7 +1119,7 @@ mod tests {
                         let waiting: Vec<u8> = pending
                             .keys()
                             .copied()
-                            .filter(|key| dispatcher.held_reason(key, now) == Some(HeldReason::Waiting))
+                            .filter(|key| dispatcher.held_reason(key, now).map(|(r, _)| r) == Some(HeldReason::Waiting))
                             .collect();
                         match dispatcher.next(now) {
                             Some(key) => {

@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use jiff::civil::Time;
 use jiff::tz::TimeZone;
 
-use super::queue::Priority;
+use crate::api::Priority;
 
 /// Relative dispatch shares of the four buckets. 0 = the bucket is dispatched only through max-wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

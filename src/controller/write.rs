@@ -1,0 +1,192 @@
+//! The one place that writes the status of AxTasks, AxDags and AxQueues (client required), and the
+//! one reading of API status codes. Each caller names what it does on a conflict:
+//!
+//! - AxTask (the task reconciler, the only writer of a task's status): conditional on the
+//!   resourceVersion it decided on; a conflict means someone else changed the task, whose newer
+//!   version is on its way through the watch → *await change*.
+//! - AxDag (the DAG reconciler, the only writer of a DAG's status): the same → *await change*.
+//! - AxQueue (the queue status loop, the only writer of a queue's status, every few seconds):
+//!   unconditional apply of the fields it owns → *no conflict possible*; a failure is *skipped*
+//!   until the next round.
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+
+use super::{Error, FIELD_MANAGER, Result};
+use crate::api::{AxDag, AxDagStatus, AxQueue, AxQueueStatus, AxTask, AxTaskStatus};
+
+/// What an API error means for the operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiError {
+    /// 409 on an update: the object changed since it was read.
+    Conflict,
+    /// 409 on a create: the name is taken.
+    AlreadyExists,
+    NotFound,
+    /// 403: RBAC, a ResourceQuota, a LimitRange or an admission webhook refused it.
+    Forbidden,
+    /// 422/400: the object is invalid.
+    Invalid,
+    /// 429 or 5xx: try again later.
+    Unavailable,
+    /// Anything else, including transport errors.
+    Other,
+}
+
+impl ApiError {
+    pub fn of(error: &kube::Error) -> ApiError {
+        match error {
+            kube::Error::Api(e) => match (e.code, e.reason.as_str()) {
+                (409, "AlreadyExists") => ApiError::AlreadyExists,
+                (409, _) => ApiError::Conflict,
+                (404, _) => ApiError::NotFound,
+                (403, _) => ApiError::Forbidden,
+                (422 | 400, _) => ApiError::Invalid,
+                (429, _) | (500..=599, _) => ApiError::Unavailable,
+                _ => ApiError::Other,
+            },
+            _ => ApiError::Other,
+        }
+    }
+
+    pub fn of_result(error: &Error) -> ApiError {
+        match error {
+            Error::Kube(e) => ApiError::of(e),
+            _ => ApiError::Other,
+        }
+    }
+}
+
+/// The message of an API error, as the API server wrote it.
+pub fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(e) => e.message.clone(),
+        e => e.to_string(),
+    }
+}
+
+/// Writes a task's whole status with server-side apply, conditional on the resourceVersion the
+/// decision was taken on: a stale decision fails with a conflict instead of overwriting newer state.
+pub async fn task_status(client: &Client, task: &AxTask, status: &AxTaskStatus) -> Result<AxTask> {
+    let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({
+        "apiVersion": AxTask::api_version(&()),
+        "kind": AxTask::kind(&()),
+        "metadata": { "name": task.name_any(), "resourceVersion": task.resource_version() },
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    Ok(api
+        .patch_status(&task.name_any(), &params, &Patch::Apply(&patch))
+        .await?)
+}
+
+/// Writes a DAG's whole status, conditional on the resourceVersion like [`task_status`].
+pub async fn dag_status(client: &Client, dag: &AxDag, status: &AxDagStatus) -> Result<AxDag> {
+    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxDag> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({
+        "apiVersion": AxDag::api_version(&()),
+        "kind": AxDag::kind(&()),
+        "metadata": { "name": dag.name_any(), "resourceVersion": dag.resource_version() },
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    Ok(api
+        .patch_status(&dag.name_any(), &params, &Patch::Apply(&patch))
+        .await?)
+}
+
+/// Applies a queue's status (the queue status loop is its only writer, so no precondition).
+pub async fn queue_status(client: &Client, name: &str, status: &AxQueueStatus) -> Result<()> {
+    let api: Api<AxQueue> = Api::all(client.clone());
+    let patch = serde_json::json!({
+        "apiVersion": AxQueue::api_version(&()),
+        "kind": AxQueue::kind(&()),
+        "metadata": { "name": name },
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Takes `finalizer` off `object` (as last seen), preconditioned on its uid and on the finalizer
+/// still being where the copy has it: a list changed meanwhile is left for the next look.
+pub async fn remove_finalizer<K>(api: &Api<K>, object: &K, finalizer: &str) -> Result<()>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let meta = object.meta();
+    let finalizers = meta.finalizers.clone().unwrap_or_default();
+    let Some(index) = finalizers.iter().position(|f| f == finalizer) else {
+        return Ok(());
+    };
+    let (Some(name), Some(uid)) = (meta.name.clone(), meta.uid.clone()) else {
+        return Err(Error::Incomplete("name or uid"));
+    };
+    let path = format!("/metadata/finalizers/{index}");
+    let ops = serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": path, "value": finalizer},
+        {"op": "remove", "path": path},
+    ]);
+    let patch: json_patch::Patch = serde_json::from_value(ops)?;
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone, or the list changed since the copy (its next event brings a fresh one).
+        Err(e) if matches!(ApiError::of(&e), ApiError::NotFound | ApiError::Invalid) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("m", reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn status_codes_mean_what_the_api_conventions_say() {
+        assert_eq!(
+            ApiError::of(&api_error(409, "AlreadyExists")),
+            ApiError::AlreadyExists
+        );
+        assert_eq!(
+            ApiError::of(&api_error(409, "Conflict")),
+            ApiError::Conflict
+        );
+        assert_eq!(
+            ApiError::of(&api_error(404, "NotFound")),
+            ApiError::NotFound
+        );
+        assert_eq!(
+            ApiError::of(&api_error(403, "Forbidden")),
+            ApiError::Forbidden
+        );
+        assert_eq!(ApiError::of(&api_error(422, "Invalid")), ApiError::Invalid);
+        assert_eq!(
+            ApiError::of(&api_error(429, "TooManyRequests")),
+            ApiError::Unavailable
+        );
+        assert_eq!(
+            ApiError::of(&api_error(503, "ServiceUnavailable")),
+            ApiError::Unavailable
+        );
+        assert_eq!(ApiError::of(&api_error(418, "Teapot")), ApiError::Other);
+    }
+}

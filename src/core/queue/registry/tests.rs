@@ -1,0 +1,345 @@
+//! Tests of the registry: queues that do not exist or are invalid, slots held and released,
+//! outcomes fed to the breakers once, totals across leaders, rebuilding after a restart.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+
+use super::*;
+use crate::api::{AxQueueStatus, CircuitBreakerSpec, QueueWeights, TaskPhase, WeightScheduleEntry};
+use crate::core::queue::status::queue_status;
+
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_900_000_000 + secs).expect("in range")
+}
+
+fn key(name: &str) -> TaskKey {
+    ("ns".to_string(), name.to_string())
+}
+
+fn pending(priority: Priority, task_type: &str, at: i64, attempt: u32) -> PendingTask {
+    PendingTask {
+        priority,
+        task_type: task_type.into(),
+        queued_at: t(at),
+        attempt,
+    }
+}
+
+fn queue(name: &str, spec: AxQueueSpec, status: Option<AxQueueStatus>) -> AxQueue {
+    let mut q = AxQueue::new(name, spec);
+    q.metadata.generation = Some(1);
+    q.status = status;
+    q
+}
+
+#[test]
+fn tasks_of_a_missing_queue_wait_until_it_exists() {
+    let mut registry = Registry::default();
+    registry.upsert(&key("a"), "batch", pending(Priority::High, "x", 0, 1));
+    assert_eq!(registry.next(t(1)), None);
+    let held = registry.held(t(1));
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].reason, HeldReason::QueueNotFound);
+    assert_eq!(
+        registry.configure(&queue("batch", AxQueueSpec::default(), None), t(2)),
+        None
+    );
+    assert_eq!(registry.next(t(2)), Some((key("a"), "batch".to_string())));
+    // Deleted while the task runs: the slot is still counted, and freed when it finishes.
+    registry.queue_deleted("batch");
+    assert!(registry.is_holding(&key("a")));
+    registry.record_outcome(&key("a"), Outcome::Succeeded, t(3));
+    assert!(registry.remove(&key("a")));
+    assert!(
+        registry.reports(t(3)).is_empty(),
+        "an unused missing queue is forgotten"
+    );
+}
+
+#[test]
+fn invalid_edit_keeps_the_previous_config_and_reports_once() {
+    let mut registry = Registry::default();
+    let mut spec = AxQueueSpec {
+        concurrency: 1,
+        ..AxQueueSpec::default()
+    };
+    assert_eq!(
+        registry.configure(&queue("q", spec.clone(), None), t(0)),
+        None
+    );
+    spec.concurrency = 5;
+    spec.weight_schedule = vec![WeightScheduleEntry {
+        from: "7:00".into(),
+        to: "08:00".into(),
+        time_zone: "UTC".into(),
+        weights: QueueWeights::default(),
+    }];
+    let problem = registry.configure(&queue("q", spec.clone(), None), t(1));
+    assert!(problem.is_some_and(|p| p.to_string().contains("7:00")));
+    assert_eq!(
+        registry.configure(&queue("q", spec, None), t(2)),
+        None,
+        "reported once"
+    );
+    for name in ["a", "b"] {
+        registry.upsert(&key(name), "q", pending(Priority::Normal, "x", 0, 1));
+    }
+    assert!(registry.next(t(3)).is_some());
+    assert_eq!(registry.next(t(3)), None, "concurrency 1 still in force");
+    let report = &registry.reports(t(3))[0];
+    assert!(report.invalid.is_some());
+    let status = queue_status(report, &AxQueueStatus::default(), t(3));
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "InvalidSpec")
+        .expect("condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "InvalidSpec")
+    );
+}
+
+#[test]
+fn a_queue_never_valid_holds_its_tasks() {
+    let mut registry = Registry::default();
+    let spec = AxQueueSpec {
+        weight_schedule: vec![WeightScheduleEntry {
+            from: "22:00".into(),
+            to: "06:00".into(),
+            time_zone: "Nowhere/Land".into(),
+            weights: QueueWeights::default(),
+        }],
+        ..AxQueueSpec::default()
+    };
+    assert!(registry.configure(&queue("q", spec, None), t(0)).is_some());
+    registry.upsert(&key("a"), "q", pending(Priority::Normal, "x", 0, 1));
+    assert_eq!(registry.next(t(1)), None);
+    assert_eq!(registry.held(t(1))[0].reason, HeldReason::QueueInvalid);
+    assert!(
+        registry
+            .configure(&queue("q", AxQueueSpec::default(), None), t(2))
+            .is_none()
+    );
+    assert!(registry.next(t(2)).is_some());
+}
+
+#[test]
+fn marking_running_twice_keeps_a_probe() {
+    let mut registry = Registry::default();
+    let spec = AxQueueSpec {
+        circuit_breaker: CircuitBreakerSpec {
+            window_size: 2,
+            min_requests: 2,
+            failure_ratio: 0.5,
+            open_seconds: 10,
+        },
+        ..AxQueueSpec::default()
+    };
+    registry.configure(&queue("q", spec, None), t(0));
+    for name in ["a", "b", "c", "d"] {
+        registry.upsert(&key(name), "q", pending(Priority::Normal, "x", 0, 1));
+    }
+    for _ in 0..2 {
+        let (k, _) = registry.next(t(0)).expect("dispatch");
+        registry.record_outcome(&k, Outcome::Failed, t(0));
+        registry.remove(&k);
+    }
+    assert_eq!(
+        registry.reports(t(0))[0].open_circuits,
+        vec!["x".to_string()]
+    );
+    assert_eq!(
+        registry
+            .held(t(1))
+            .iter()
+            .filter(|h| h.reason == HeldReason::CircuitOpen)
+            .count(),
+        2
+    );
+    let (probe, _) = registry.next(t(10)).expect("the probe");
+    // The reconciler sees the probe Scheduled, then Running: it stays the only probe.
+    registry.hold(&probe, "q", "x");
+    registry.hold(&probe, "q", "x");
+    assert_eq!(registry.next(t(10)), None);
+    registry.record_outcome(&probe, Outcome::Succeeded, t(11));
+    registry.remove(&probe);
+    assert!(registry.reports(t(11))[0].open_circuits.is_empty());
+    assert!(registry.next(t(11)).is_some());
+}
+
+#[test]
+fn totals_continue_from_the_status_of_an_earlier_leader() {
+    let mut registry = Registry::default();
+    let status = AxQueueStatus {
+        dispatched: 40,
+        dead: 3,
+        ..AxQueueStatus::default()
+    };
+    registry.configure(&queue("q", AxQueueSpec::default(), Some(status)), t(0));
+    registry.upsert(&key("a"), "q", pending(Priority::Low, "x", 0, 1));
+    registry.next(t(0));
+    registry.dispatched(&key("a"));
+    registry.count_dead("q");
+    let report = &registry.reports(t(0))[0];
+    assert_eq!((report.dispatched, report.dead), (41, 4));
+    assert_eq!(report.running, 1);
+}
+
+#[test]
+fn a_task_moved_to_another_queue_leaves_the_old_one() {
+    let mut registry = Registry::default();
+    registry.configure(&queue("a", AxQueueSpec::default(), None), t(0));
+    registry.configure(&queue("b", AxQueueSpec::default(), None), t(0));
+    registry.upsert(&key("x"), "a", pending(Priority::Low, "x", 0, 1));
+    registry.upsert(&key("x"), "b", pending(Priority::Low, "x", 0, 1));
+    let reports = registry.reports(t(0));
+    let pending_of = |name: &str| {
+        reports
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.pending.iter().map(|(_, n)| n).sum::<usize>())
+    };
+    assert_eq!((pending_of("a"), pending_of("b")), (Some(0), Some(1)));
+}
+
+#[test]
+fn rebuild_counts_tasks_in_flight_before_dispatching_more() {
+    let task = |name: &str, phase: TaskPhase, next_attempt: Option<i64>| -> Arc<AxTask> {
+        let mut task: AxTask = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1",
+            "kind": "AxTask",
+            "metadata": {"name": name, "namespace": "ns", "resourceVersion": "7"},
+            "spec": {"type": "x", "queue": "q", "template": {"spec": {"containers": []}}},
+        }))
+        .expect("a task");
+        task.status = Some(crate::api::AxTaskStatus {
+            phase: Some(phase),
+            queued_at: Some(t(0)),
+            next_attempt_at: next_attempt.map(t),
+            ..Default::default()
+        });
+        Arc::new(task)
+    };
+    let tasks = [
+        task("scheduled", TaskPhase::Scheduled, None),
+        task("running", TaskPhase::Running, None),
+        task("ready", TaskPhase::Pending, None),
+        task("backoff", TaskPhase::Pending, Some(100)),
+        task("done", TaskPhase::Succeeded, None),
+    ];
+    let mut registry = Registry::default();
+    let spec = AxQueueSpec {
+        concurrency: 3,
+        ..AxQueueSpec::default()
+    };
+    registry.configure(&queue("q", spec, None), t(0));
+    assert_eq!(rebuild(&mut registry, &tasks, t(10)), (2, 1));
+    assert!(registry.is_holding(&key("scheduled")) && registry.is_holding(&key("running")));
+    // One slot of three is left: the ready task takes it, nothing more goes.
+    assert_eq!(registry.next(t(10)), Some((key("ready"), "q".to_string())));
+    assert_eq!(registry.next(t(10)), None);
+    // Rebuilding again (a re-list) changes nothing.
+    rebuild(&mut registry, &tasks, t(11));
+    assert_eq!(registry.reports(t(11))[0].running, 3);
+}
+
+#[test]
+fn a_deleted_queue_reports_its_circuits_closed_and_is_forgotten() {
+    let mut registry = Registry::default();
+    let spec = AxQueueSpec {
+        circuit_breaker: CircuitBreakerSpec {
+            window_size: 1,
+            min_requests: 1,
+            failure_ratio: 1.0,
+            open_seconds: 60,
+        },
+        ..AxQueueSpec::default()
+    };
+    registry.configure(&queue("q", spec, None), t(0));
+    registry.upsert(&key("a"), "q", pending(Priority::Low, "x", 0, 1));
+    registry.next(t(0));
+    registry.record_outcome(&key("a"), Outcome::Failed, t(0));
+    registry.remove(&key("a"));
+    let open = registry.reports(t(1))[0].open_circuits.clone();
+    assert_eq!(open, vec!["x".to_string()]);
+    assert!(registry.circuits_reported("q", &open).is_empty());
+    registry.queue_deleted("q");
+    let report = registry.reports(t(2))[0].clone();
+    assert!(!report.exists && report.open_circuits.is_empty());
+    assert_eq!(
+        registry.circuits_reported("q", &report.open_circuits),
+        vec!["x".to_string()]
+    );
+    assert!(registry.reports(t(3)).is_empty());
+}
+
+#[test]
+fn queues_take_turns() {
+    let mut registry = Registry::default();
+    for name in ["a", "b"] {
+        registry.configure(&queue(name, AxQueueSpec::default(), None), t(0));
+        for i in 0..2 {
+            registry.upsert(
+                &key(&format!("{name}{i}")),
+                name,
+                pending(Priority::Low, "x", i, 1),
+            );
+        }
+    }
+    let served: Vec<String> = std::iter::from_fn(|| registry.next(t(1)).map(|(_, q)| q)).collect();
+    assert_eq!(served, vec!["a", "b", "a", "b"]);
+}
+
+#[test]
+fn a_granted_task_holds_its_slot_until_released_and_counts_once_dispatched() {
+    let mut registry = Registry::default();
+    let spec = AxQueueSpec {
+        concurrency: 1,
+        ..AxQueueSpec::default()
+    };
+    registry.configure(&queue("q", spec, None), t(0));
+    registry.upsert(&key("a"), "q", pending(Priority::Normal, "x", 0, 1));
+    registry.upsert(&key("b"), "q", pending(Priority::Normal, "x", 1, 1));
+    assert_eq!(registry.next(t(2)), Some((key("a"), "q".to_string())));
+    assert!(registry.is_granted(&key("a")) && registry.is_holding(&key("a")));
+    assert_eq!(registry.next(t(2)), None, "the slot is taken by the grant");
+    assert_eq!(
+        registry.held_reason(&key("b"), t(2)).map(|(r, _)| r),
+        Some(HeldReason::ConcurrencyLimit)
+    );
+    registry.dispatched(&key("a"));
+    assert!(!registry.is_granted(&key("a")) && registry.is_holding(&key("a")));
+    assert_eq!(registry.reports(t(2))[0].dispatched, 1);
+    // The attempt ends but its pod is still stopping: the slot stays held.
+    registry.record_outcome(&key("a"), Outcome::Succeeded, t(3));
+    assert_eq!(registry.next(t(3)), None);
+    assert!(registry.remove(&key("a")));
+    assert_eq!(registry.next(t(4)), Some((key("b"), "q".to_string())));
+}
+
+#[test]
+fn an_outcome_feeds_the_breaker_once_even_if_the_slot_is_released_later() {
+    let mut registry = Registry::default();
+    let spec = AxQueueSpec {
+        circuit_breaker: CircuitBreakerSpec {
+            window_size: 2,
+            min_requests: 2,
+            failure_ratio: 0.5,
+            open_seconds: 10,
+        },
+        ..AxQueueSpec::default()
+    };
+    registry.configure(&queue("q", spec, None), t(0));
+    registry.upsert(&key("a"), "q", pending(Priority::Normal, "x", 0, 1));
+    registry.next(t(0));
+    for _ in 0..3 {
+        registry.record_outcome(&key("a"), Outcome::Failed, t(0));
+    }
+    registry.remove(&key("a"));
+    assert!(
+        registry.reports(t(0))[0].open_circuits.is_empty(),
+        "one failure of two needed"
+    );
+}

@@ -1,0 +1,61 @@
+//! The status an AxQueue shows, assembled from what its registry entry reports.
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::registry::QueueReport;
+use crate::api::{AxQueueStatus, Condition, PendingCounts, Priority};
+
+/// The status a queue should show: the report's counts, and the `InvalidSpec` condition, whose
+/// transition time moves only when its value does.
+pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp) -> AxQueueStatus {
+    let count = |priority: Priority| {
+        report
+            .pending
+            .iter()
+            .find(|(p, _)| *p == priority)
+            .map_or(0, |(_, n)| i64::try_from(*n).unwrap_or(i64::MAX))
+    };
+    let (value, reason, message) = match &report.invalid {
+        Some(problem) => (
+            "True",
+            "InvalidSpec",
+            format!("{problem}; the previous configuration stays in force"),
+        ),
+        None => ("False", "Valid", String::new()),
+    };
+    let previous = before.conditions.iter().find(|c| c.type_ == "InvalidSpec");
+    let last_transition_time = previous
+        .filter(|c| c.status == value)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    let mut conditions: Vec<Condition> = before
+        .conditions
+        .iter()
+        .filter(|c| c.type_ != "InvalidSpec")
+        .cloned()
+        .collect();
+    conditions.push(Condition {
+        type_: "InvalidSpec".into(),
+        status: value.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time,
+        observed_generation: report.generation,
+    });
+    AxQueueStatus {
+        pending: PendingCounts {
+            critical: count(Priority::Critical),
+            high: count(Priority::High),
+            normal: count(Priority::Normal),
+            low: count(Priority::Low),
+        },
+        running: i64::try_from(report.running).unwrap_or(i64::MAX),
+        open_circuit_count: i64::try_from(report.open_circuits.len()).unwrap_or(i64::MAX),
+        open_circuits: report.open_circuits.clone(),
+        dispatched: report.dispatched,
+        dead: report.dead,
+        retry_tokens: i64::from(report.retry_tokens),
+        conditions,
+        observed_generation: report.generation,
+    }
+}

@@ -1,0 +1,454 @@
+//! The AxTask lifecycle (DESIGN §3) as pure functions: from the task, every pod of it, what the
+//! queue says and the clock, to the new status and the side effects to perform.
+//!
+//! `decide` observes one event at a time (`observe.rs`, where precedence is written down), applies
+//! it with the transition table (`machine.rs`), and repeats until nothing moves; then it works out,
+//! from where the task ended up, what must happen to its pods (create the current one, stop every
+//! one that should not run, as a level, whatever happened before), what the queue holds for it, its
+//! conditions, and when to look again. Every transition is appended to `status.history`.
+
+mod classify;
+mod conditions;
+mod machine;
+mod observe;
+mod reason;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+
+pub use classify::classify;
+pub use conditions::{CallbackResult, callback_outcome, set_condition};
+pub use machine::{LEGAL, is_legal};
+pub use observe::{
+    Event, Refusal, blocks, current_pod, fence, hard_deadline, observe, should_run, soft_deadline,
+    soft_timeout_not_alive,
+};
+pub use reason::Reason;
+pub use validate::{
+    MAX_PAYLOAD_BYTES, POD_ANNOTATIONS_MAX_BYTES, TaskSpecError, payload_json, validate,
+};
+
+use crate::api::{
+    ATTEMPTS_CAP, AttemptRecord, AxTaskSpec, AxTaskStatus, Failure, FailureKind, HistoryEntry,
+    TaskPhase,
+};
+use crate::core::queue::{HeldReason, Outcome};
+use crate::core::worker::WorkerState;
+
+/// The status keeps at most this many history entries; older ones are dropped and counted.
+pub const HISTORY_CAP: usize = 100;
+/// Grace period for a worker killed by a timeout.
+pub const TIMEOUT_KILL_GRACE_SECONDS: i64 = 10;
+pub const ACTOR_USER: &str = "user";
+pub const ACTOR_WORKER: &str = "worker";
+
+/// Inputs that are not part of the task: time, who acts, and randomness (for jitter).
+#[derive(Clone, Debug)]
+pub struct Clock<'a> {
+    pub now: Timestamp,
+    /// `ax-operator/<pod>`: recorded as the actor of the operator's own transitions.
+    pub operator: &'a str,
+    /// A uniform sample from `[0, 1)`.
+    pub unit_random: f64,
+}
+
+/// Everything a decision reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    pub task_name: &'a str,
+    pub spec: &'a AxTaskSpec,
+    pub status: &'a AxTaskStatus,
+    pub generation: Option<i64>,
+    /// The result of [`validate`].
+    pub spec_error: Option<&'a TaskSpecError>,
+    /// Every pod of this task (owned by it), of any attempt, including those created but not yet
+    /// seen (see `worker::expected`).
+    pub pods: &'a [WorkerState],
+    /// The queue's dispatcher holds a slot for this task: it may start its next attempt.
+    pub granted: bool,
+    /// What holds an eligible Pending task, as the queue says it now.
+    pub held: Option<(HeldReason, &'a str)>,
+    /// The API server refused the current attempt's worker pod.
+    pub refused: Option<&'a Refusal>,
+    /// The outcome of a callback delivery to record.
+    pub callback: Option<(CallbackResult, &'a str)>,
+}
+
+impl<'a> Inputs<'a> {
+    /// The inputs of a plain reconcile: no slot, no queue word, no refusal, no callback.
+    pub fn new(
+        task_name: &'a str,
+        spec: &'a AxTaskSpec,
+        status: &'a AxTaskStatus,
+        pods: &'a [WorkerState],
+    ) -> Self {
+        Self {
+            task_name,
+            spec,
+            status,
+            generation: None,
+            spec_error: None,
+            pods,
+            granted: false,
+            held: None,
+            refused: None,
+            callback: None,
+        }
+    }
+}
+
+/// A side effect for the controller to perform after the status is written.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Create the worker pod of `status.attempt` (its name is deterministic).
+    CreatePod,
+    /// Delete a pod that should not run, preconditioned on its uid. `keep_outcome`: put
+    /// `worker::OUTCOME_FINALIZER` on it first, so its last status can be read.
+    KillPod {
+        name: String,
+        uid: String,
+        grace_seconds: Option<i64>,
+        keep_outcome: bool,
+    },
+    /// Take `worker::OUTCOME_FINALIZER` off a pod whose outcome is known.
+    RemoveFinalizer {
+        name: String,
+        uid: String,
+    },
+    /// A Warning Event that is not a transition.
+    Warn {
+        reason: Reason,
+        message: String,
+    },
+    SendCallback,
+    DeleteTask,
+}
+
+/// Where the task stands with its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueState {
+    /// Pending and eligible now: wait for a slot.
+    Ready,
+    /// Pending, not before `nextAttemptAt` (startAfter, backoff): holds nothing.
+    Waiting,
+    /// Holds a concurrency slot: an attempt in flight, or a pod of it still stopping.
+    Holding,
+    /// Holds nothing, for good (terminal, every pod stopped).
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub status: AxTaskStatus,
+    /// The history entries this decision appended, oldest first.
+    pub transitions: Vec<HistoryEntry>,
+    pub actions: Vec<Action>,
+    pub queue: QueueState,
+    /// How the attempt in flight ended in this decision, for the queue's circuit breaker.
+    pub outcome: Option<Outcome>,
+    /// Whether this decision used the slot it was granted.
+    pub dispatched: bool,
+    /// Reconcile again after this long at the latest (timeouts, backoff, TTL).
+    pub requeue_after: Option<Duration>,
+}
+
+impl Decision {
+    fn new(status: &AxTaskStatus) -> Self {
+        Decision {
+            status: status.clone(),
+            transitions: Vec::new(),
+            actions: Vec::new(),
+            queue: QueueState::Done,
+            outcome: None,
+            dispatched: false,
+            requeue_after: None,
+        }
+    }
+
+    fn transition(
+        &mut self,
+        to: TaskPhase,
+        reason: Reason,
+        message: String,
+        actor: &str,
+        now: Timestamp,
+    ) {
+        let entry = HistoryEntry {
+            time: now,
+            from: self.status.phase,
+            to,
+            attempt: self.status.attempt,
+            reason: reason.as_str().to_string(),
+            message,
+            actor: actor.to_string(),
+        };
+        self.status.phase = Some(to);
+        self.status.reason = Some(entry.reason.clone());
+        self.status.history.push(entry.clone());
+        let excess = self.status.history.len().saturating_sub(HISTORY_CAP);
+        if excess > 0 {
+            self.status.history.drain(..excess);
+            self.status.history_dropped += excess as i64;
+        }
+        self.transitions.push(entry);
+        if to.is_terminal() {
+            self.status.finished_at = Some(now);
+            self.status.next_attempt_at = None;
+        }
+    }
+
+    fn push_record(&mut self, record: AttemptRecord) {
+        self.status.attempts.push(record);
+        let excess = self.status.attempts.len().saturating_sub(ATTEMPTS_CAP);
+        self.status.attempts.drain(..excess);
+    }
+
+    fn current_record(&mut self) -> Option<&mut AttemptRecord> {
+        let attempt = self.status.attempt;
+        self.status
+            .attempts
+            .iter_mut()
+            .rev()
+            .find(|r| r.attempt == attempt)
+    }
+
+    /// Records how the current attempt ended.
+    fn end_attempt(
+        &mut self,
+        outcome: TaskPhase,
+        reason: Reason,
+        failure: Option<&Failure>,
+        now: Timestamp,
+    ) {
+        if let Some(record) = self.current_record()
+            && record.outcome.is_none()
+        {
+            record.outcome = Some(outcome);
+            record.finished_at = Some(now);
+            record.reason = Some(reason.as_str().into());
+            record.exit_code = failure.and_then(|f| f.exit_code);
+            record.failure_kind = failure.map(|f| f.kind);
+        }
+    }
+
+    fn requeue_at(&mut self, at: Timestamp, now: Timestamp) {
+        let wait = at.duration_since(now).max(SignedDuration::ZERO);
+        let wait = Duration::try_from(wait).unwrap_or_default();
+        self.requeue_after = Some(self.requeue_after.map_or(wait, |d| d.min(wait)));
+    }
+}
+
+/// Decides what happens to a task now.
+pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
+    let now = clock.now;
+    let mut d = Decision::new(inputs.status);
+    d.status.observed_generation = inputs.generation;
+    if let Some((result, message)) = inputs.callback {
+        d.status = callback_outcome(&d.status, result, message, now);
+    }
+    let mut granted = inputs.granted;
+    // Each event moves the phase forward; a task crosses at most a handful of rows per decision.
+    for _ in 0..8 {
+        let Some(event) = observe::observe(inputs, &d.status, granted, now) else {
+            break;
+        };
+        let dispatch = event == Event::Granted;
+        if !machine::step(&mut d, event, inputs, clock) {
+            break;
+        }
+        if dispatch {
+            granted = false;
+            d.dispatched = true;
+        }
+    }
+    settle(&mut d, inputs, clock);
+    d
+}
+
+/// What follows from where the task stands: the pods to create or stop, the queue, conditions,
+/// callbacks, TTL and when to look again.
+fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
+    let now = clock.now;
+    let spec = inputs.spec;
+    let phase = d.status.phase;
+
+    if phase.is_some_and(TaskPhase::has_worker) {
+        let hard_at = hard_deadline(spec, &d.status, now);
+        match current_pod(&d.status, inputs.pods) {
+            None if phase == Some(TaskPhase::Scheduled) && inputs.refused.is_none() => {
+                d.actions.push(Action::CreatePod);
+            }
+            Some(w) => {
+                if let Some(soft_at) = soft_deadline(spec, &d.status) {
+                    if now >= soft_at {
+                        // Not alive would have timed the attempt out; alive: say so once.
+                        d.status.soft_timeout_attempt = Some(d.status.attempt);
+                        d.actions.push(Action::Warn {
+                            reason: Reason::SoftTimeout,
+                            message: format!(
+                                "attempt {} still running after softSeconds={}; worker {} is alive",
+                                d.status.attempt,
+                                spec.timeout.soft_seconds.unwrap_or_default(),
+                                w.name
+                            ),
+                        });
+                    } else {
+                        d.requeue_at(soft_at, now);
+                    }
+                }
+            }
+            None => {}
+        }
+        d.requeue_at(hard_at, now);
+    }
+
+    stop_pods(d, inputs);
+
+    let fenced = fence(spec, &d.status, inputs.pods);
+    let fenced_pod = fenced.first().map(|p| (p.name.clone(), p.attempt));
+    d.queue = match phase {
+        Some(TaskPhase::Pending) if d.status.next_attempt_at.is_some_and(|at| at > now) => {
+            QueueState::Waiting
+        }
+        Some(TaskPhase::Pending) | None if fenced_pod.is_some() => QueueState::Holding,
+        Some(TaskPhase::Pending) | None => QueueState::Ready,
+        Some(p) if p.has_worker() => QueueState::Holding,
+        Some(TaskPhase::Failed | TaskPhase::TimedOut) => QueueState::Holding,
+        Some(_) if fenced_pod.is_some() => QueueState::Holding,
+        Some(_) => QueueState::Done,
+    };
+    if let Some(at) = d.status.next_attempt_at.filter(|at| *at > now)
+        && phase == Some(TaskPhase::Pending)
+    {
+        d.requeue_at(at, now);
+    }
+    d.outcome = attempt_outcome(d);
+
+    if phase.is_some_and(TaskPhase::is_terminal) {
+        let delivered = d
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "CallbackDelivered");
+        if spec.callback.is_some() && !delivered {
+            d.actions.push(Action::SendCallback);
+        }
+        if let (Some(ttl), Some(finished)) = (spec.ttl_seconds_after_finished, d.status.finished_at)
+            && fenced_pod.is_none()
+        {
+            let expires = observe::add_seconds(finished, ttl);
+            if now >= expires {
+                d.actions.push(Action::DeleteTask);
+            } else {
+                d.requeue_at(expires, now);
+            }
+        }
+    }
+    conditions::update(d, inputs, fenced_pod, now);
+}
+
+/// Kills, as a level: every pod that should not run and may still run is deleted (again, with a
+/// shorter grace if it is being deleted with a longer one), and the outcome finalizer comes off
+/// every pod whose outcome can now be read.
+fn stop_pods(d: &mut Decision, inputs: &Inputs) {
+    for pod in inputs.pods {
+        let Some(uid) = pod.uid.clone() else {
+            // Created a moment ago and not seen yet: it is handled once the cache shows it.
+            continue;
+        };
+        if pod.outcome_finalizer && (pod.main_finished() || pod.node.is_none()) {
+            d.actions.push(Action::RemoveFinalizer {
+                name: pod.name.clone(),
+                uid: uid.clone(),
+            });
+        }
+        if should_run(pod, &d.status) || !pod.is_running_phase() {
+            continue;
+        }
+        let grace = kill_grace(pod, &d.status);
+        let sent = pod.deleting
+            && match (grace, pod.deletion_grace_seconds) {
+                (None, _) => true,
+                (Some(want), Some(current)) => current <= want,
+                (Some(_), None) => true,
+            };
+        if sent {
+            continue;
+        }
+        let timed_out =
+            d.status.phase == Some(TaskPhase::TimedOut) && pod.attempt == d.status.attempt;
+        d.actions.push(Action::KillPod {
+            name: pod.name.clone(),
+            uid,
+            grace_seconds: grace,
+            keep_outcome: timed_out && !pod.outcome_finalizer && !pod.deleting,
+        });
+    }
+}
+
+/// How long a pod that should not run gets to stop: timeouts get a short grace, a container that
+/// cannot start none, a canceled or finished task's pod its own `terminationGracePeriodSeconds`.
+fn kill_grace(pod: &WorkerState, status: &AxTaskStatus) -> Option<i64> {
+    if pod.attempt != status.attempt {
+        return Some(TIMEOUT_KILL_GRACE_SECONDS);
+    }
+    let failure = status
+        .last_failure
+        .as_ref()
+        .filter(|f| f.attempt == status.attempt);
+    match (status.phase, failure) {
+        (Some(TaskPhase::Canceled | TaskPhase::Succeeded), _) => None,
+        (_, Some(f)) if f.kind == FailureKind::Timeout => Some(TIMEOUT_KILL_GRACE_SECONDS),
+        (_, Some(_)) if pod.stuck_reason.is_some() => Some(0),
+        _ => None,
+    }
+}
+
+/// How the attempt in flight ended in this decision, as the circuit breaker sees it: a success or
+/// a failure of the worker counts; an attempt that ended for a reason saying nothing about its type
+/// (canceled, infrastructure, a refused pod) is `Aborted`.
+fn attempt_outcome(d: &Decision) -> Option<Outcome> {
+    let ended = d
+        .transitions
+        .iter()
+        .find(|t| t.from.is_some_and(TaskPhase::has_worker) && !t.to.has_worker())?;
+    Some(match ended.to {
+        TaskPhase::Succeeded => Outcome::Succeeded,
+        TaskPhase::Failed | TaskPhase::TimedOut => {
+            let infrastructure = d.status.last_failure.as_ref().is_some_and(|f| {
+                f.attempt == ended.attempt && f.kind == FailureKind::Infrastructure
+            });
+            if infrastructure {
+                Outcome::Aborted
+            } else {
+                Outcome::Failed
+            }
+        }
+        _ => Outcome::Aborted,
+    })
+}
+
+/// How a history entry is published as an Event: failures, timeouts, warnings and outcomes tell a
+/// person something; the routine steps (queued, dispatched, running) are in the history only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    Normal,
+    Warning,
+}
+
+pub fn notice(entry: &HistoryEntry) -> Option<Notice> {
+    match entry.to {
+        TaskPhase::Failed | TaskPhase::TimedOut | TaskPhase::Dead => Some(Notice::Warning),
+        TaskPhase::Succeeded | TaskPhase::Canceled => Some(Notice::Normal),
+        TaskPhase::Pending if entry.reason == Reason::PodForbidden.as_str() => {
+            Some(Notice::Warning)
+        }
+        TaskPhase::Pending if entry.reason == Reason::Rerun.as_str() => Some(Notice::Normal),
+        _ => None,
+    }
+}

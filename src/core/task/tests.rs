@@ -1,0 +1,1611 @@
+//! Tests of `decide`: one test per row of DESIGN §3's table, the fence and the kills, conditions,
+//! and property tests over random tasks, pods and times — including a simulated world in which
+//! pods start, finish, linger while being deleted and vanish, checked for "never two live workers".
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use crate::api::{
+    BackoffSpec, CallbackSpec, Condition, ExitCodeMatch, ExitCodeOperator, PodReplacementPolicy,
+    RetryRule, RuleAction, TimeoutSpec,
+};
+use crate::core::worker::{ContainerExit, MainContainer, PodPhase, pod_name};
+
+use TaskPhase::{Canceled, Dead, Failed, Pending, Running, Scheduled, Succeeded, TimedOut};
+
+const TASK: &str = "job";
+const OP: &str = "ax-operator/ax-operator-0";
+
+// ---------------------------------------------------------------------------------------------
+// Builders
+// ---------------------------------------------------------------------------------------------
+
+/// `secs` seconds after a fixed instant (negative: before it).
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_900_000_000 + secs).expect("in range")
+}
+
+fn clock(now: Timestamp) -> Clock<'static> {
+    Clock {
+        now,
+        operator: OP,
+        unit_random: 0.0,
+    }
+}
+
+/// Defaults everywhere (maxRetries 3, backoff 1s·2ⁿ up to 300s, hardSeconds 600), one container.
+fn spec() -> AxTaskSpec {
+    serde_json::from_value(json!({
+        "type": "report",
+        "template": {"spec": {"containers": [{"name": "w", "image": "busybox"}]}}
+    }))
+    .expect("valid spec")
+}
+
+fn rule(operator: ExitCodeOperator, values: &[i64], action: RuleAction) -> RetryRule {
+    RetryRule {
+        on_exit_codes: ExitCodeMatch {
+            operator,
+            values: values.to_vec(),
+        },
+        action,
+    }
+}
+
+/// A decision as the controller asks for it: the spec validated, no slot granted.
+fn at(spec: &AxTaskSpec, status: &AxTaskStatus, pods: &[WorkerState], now: Timestamp) -> Decision {
+    decide_with(spec, status, pods, now, |_| {})
+}
+
+fn decide_with<'a>(
+    spec: &'a AxTaskSpec,
+    status: &'a AxTaskStatus,
+    pods: &'a [WorkerState],
+    now: Timestamp,
+    edit: impl FnOnce(&mut Inputs<'a>),
+) -> Decision {
+    // Leaked so the error lives as long as the inputs borrowing it (tests only).
+    let error: Option<&'a TaskSpecError> = validate(spec).err().map(|e| &*Box::leak(Box::new(e)));
+    let mut inputs = Inputs::new(TASK, spec, status, pods);
+    inputs.generation = Some(1);
+    inputs.spec_error = error;
+    edit(&mut inputs);
+    decide(&inputs, &clock(now))
+}
+
+/// The same with the queue's slot granted.
+fn granted(
+    spec: &AxTaskSpec,
+    status: &AxTaskStatus,
+    pods: &[WorkerState],
+    now: Timestamp,
+) -> Decision {
+    decide_with(spec, status, pods, now, |i| i.granted = true)
+}
+
+fn admitted(spec: &AxTaskSpec, now: Timestamp) -> AxTaskStatus {
+    at(spec, &AxTaskStatus::default(), &[], now).status
+}
+
+/// Admitted and dispatched at t(0): attempt 1, Scheduled, worker `job-1`.
+fn scheduled(spec: &AxTaskSpec) -> AxTaskStatus {
+    let d = granted(spec, &AxTaskStatus::default(), &[], t(0));
+    assert_eq!(d.status.phase, Some(Scheduled), "{:#?}", d.status.history);
+    d.status
+}
+
+/// Dispatched at t(0), its pod seen running at t(1).
+fn running(spec: &AxTaskSpec) -> AxTaskStatus {
+    let d = at(spec, &scheduled(spec), &[pod(1, Run)], t(1));
+    assert_eq!(d.status.phase, Some(Running));
+    d.status
+}
+
+/// What a pod of attempt `attempt` is doing.
+#[derive(Clone, Copy, Debug)]
+enum PodIs {
+    Waiting,
+    Run,
+    /// Main container exited with this code, pod terminal.
+    Exited(i32),
+    Evicted,
+}
+use PodIs::*;
+
+fn pod(attempt: i32, is: PodIs) -> WorkerState {
+    let mut w = WorkerState {
+        name: pod_name(TASK, attempt),
+        uid: Some(format!("uid-{attempt}")),
+        attempt,
+        node: Some("node-a".into()),
+        node_ready: Some(true),
+        ..WorkerState::default()
+    };
+    match is {
+        Waiting => {
+            w.main = MainContainer::Waiting;
+        }
+        Run => {
+            w.phase = PodPhase::Running;
+            w.main = MainContainer::Running { ready: true };
+        }
+        Exited(code) => {
+            w.phase = if code == 0 {
+                PodPhase::Succeeded
+            } else {
+                PodPhase::Failed
+            };
+            w.main = MainContainer::Terminated;
+            w.exit = Some(ContainerExit {
+                exit_code: code,
+                reason: if code == 0 { "Completed" } else { "Error" }.into(),
+                message: String::new(),
+            });
+        }
+        Evicted => {
+            w.phase = PodPhase::Failed;
+            w.disrupted = Some(("Evicted".into(), "node low on memory".into()));
+        }
+    }
+    w
+}
+
+fn deleting(mut w: WorkerState, grace: i64) -> WorkerState {
+    w.deleting = true;
+    w.deletion_grace_seconds = Some(grace);
+    w
+}
+
+fn with_finalizer(mut w: WorkerState) -> WorkerState {
+    w.outcome_finalizer = true;
+    w.finalizers = vec![crate::core::worker::OUTCOME_FINALIZER.into()];
+    w
+}
+
+/// The main container exited but a sidecar keeps the pod Running.
+fn sidecar_left(attempt: i32, code: i32) -> WorkerState {
+    let mut w = pod(attempt, Run);
+    w.main = MainContainer::Terminated;
+    w.exit = Some(ContainerExit {
+        exit_code: code,
+        reason: "Completed".into(),
+        message: String::new(),
+    });
+    w
+}
+
+fn stuck(attempt: i32, reason: &str) -> WorkerState {
+    let mut w = pod(attempt, Waiting);
+    w.stuck_reason = Some((reason.into(), "cannot pull".into()));
+    w
+}
+
+fn path(d: &Decision) -> Vec<(Option<TaskPhase>, TaskPhase, String)> {
+    d.transitions
+        .iter()
+        .map(|e| (e.from, e.to, e.reason.clone()))
+        .collect()
+}
+
+fn row(
+    from: Option<TaskPhase>,
+    to: TaskPhase,
+    reason: Reason,
+) -> (Option<TaskPhase>, TaskPhase, String) {
+    (from, to, reason.as_str().to_string())
+}
+
+fn condition<'a>(status: &'a AxTaskStatus, type_: &str) -> Option<&'a Condition> {
+    status.conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn condition_is(status: &AxTaskStatus, type_: &str) -> (String, String) {
+    let c = condition(status, type_).unwrap_or_else(|| panic!("no {type_} condition"));
+    (c.status.clone(), c.reason.clone())
+}
+
+fn pair(status: &str, reason: &str) -> (String, String) {
+    (status.into(), reason.into())
+}
+
+fn kills(d: &Decision) -> Vec<(String, Option<i64>, bool)> {
+    d.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::KillPod {
+                name,
+                grace_seconds,
+                keep_outcome,
+                ..
+            } => Some((name.clone(), *grace_seconds, *keep_outcome)),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table, row by row
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn new_task_is_queued_at_once() {
+    let d = at(&spec(), &AxTaskStatus::default(), &[], t(0));
+    assert_eq!(path(&d), vec![row(None, Pending, Reason::Queued)]);
+    assert_eq!(d.status.queued_at, Some(t(0)));
+    assert_eq!(d.queue, QueueState::Ready);
+    assert_eq!(condition_is(&d.status, "Queued"), pair("True", "Waiting"));
+    assert_eq!(condition_is(&d.status, "Ready"), pair("False", "Pending"));
+    assert_eq!(d.transitions[0].actor, OP);
+    assert!(d.actions.is_empty());
+}
+
+#[test]
+fn new_task_with_a_free_slot_is_scheduled_in_the_same_decision() {
+    let d = granted(&spec(), &AxTaskStatus::default(), &[], t(0));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(None, Pending, Reason::Queued),
+            row(Some(Pending), Scheduled, Reason::Dispatched)
+        ]
+    );
+    let s = &d.status;
+    assert_eq!((s.attempt, s.worker.as_deref()), (1, Some("job-1")));
+    assert_eq!(s.scheduled_at, Some(t(0)));
+    assert_eq!(d.actions, vec![Action::CreatePod]);
+    assert_eq!(d.queue, QueueState::Holding);
+    assert!(d.dispatched);
+    assert_eq!(s.attempts.len(), 1);
+    assert_eq!(s.attempts[0].pod, "job-1");
+    assert_eq!(
+        d.requeue_after,
+        Some(Duration::from_secs(600)),
+        "the hard timeout"
+    );
+}
+
+#[test]
+fn new_task_with_a_future_start_after_is_delayed_and_holds_nothing() {
+    let mut s = spec();
+    s.start_after = Some(Time(t(30)));
+    let d = granted(&s, &AxTaskStatus::default(), &[], t(0));
+    assert_eq!(path(&d), vec![row(None, Pending, Reason::Delayed)]);
+    assert_eq!(d.status.next_attempt_at, Some(t(30)));
+    assert_eq!(d.queue, QueueState::Waiting);
+    assert!(
+        !d.dispatched,
+        "a granted slot is not used before startAfter"
+    );
+    assert_eq!(d.requeue_after, Some(Duration::from_secs(30)));
+    assert_eq!(condition_is(&d.status, "Queued"), pair("False", "Delayed"));
+    // Once due, it waits for a slot like any task.
+    let later = at(&s, &d.status, &[], t(30));
+    assert!(later.transitions.is_empty());
+    assert_eq!(later.queue, QueueState::Ready);
+}
+
+#[test]
+fn invalid_new_task_goes_dead_and_nothing_else_happens() {
+    let mut s = spec();
+    s.timeout.soft_seconds = Some(900);
+    let d = granted(&s, &AxTaskStatus::default(), &[], t(0));
+    assert_eq!(path(&d), vec![row(None, Dead, Reason::InvalidSpec)]);
+    assert!(
+        d.status
+            .dead_reason
+            .as_deref()
+            .unwrap()
+            .contains("softSeconds (900)")
+    );
+    assert!(d.actions.is_empty());
+    assert_eq!(d.queue, QueueState::Done);
+    assert_eq!(d.status.finished_at, Some(t(0)));
+}
+
+#[test]
+fn task_canceled_before_it_was_queued_or_while_pending() {
+    let mut s = spec();
+    s.cancel = true;
+    let d = at(&s, &AxTaskStatus::default(), &[], t(0));
+    assert_eq!(path(&d), vec![row(None, Canceled, Reason::Canceled)]);
+    assert_eq!(d.transitions[0].actor, ACTOR_USER);
+    let pending = admitted(&spec(), t(0));
+    let d = granted(&s, &pending, &[], t(1));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Pending), Canceled, Reason::Canceled)]
+    );
+    assert_eq!(d.queue, QueueState::Done);
+}
+
+#[test]
+fn scheduled_becomes_running_when_the_pod_runs() {
+    let s = spec();
+    let d = at(&s, &scheduled(&s), &[pod(1, Run)], t(1));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Scheduled), Running, Reason::WorkerRunning)]
+    );
+    assert_eq!(d.transitions[0].actor, ACTOR_WORKER);
+    assert_eq!(d.status.started_at, Some(t(1)));
+    assert_eq!(d.status.node.as_deref(), Some("node-a"));
+    assert_eq!(d.status.attempts[0].started_at, Some(t(1)));
+    assert_eq!(d.queue, QueueState::Holding);
+    assert!(d.actions.is_empty());
+}
+
+#[test]
+fn scheduled_without_its_pod_creates_it_unless_it_was_just_created() {
+    let s = spec();
+    let d = at(&s, &scheduled(&s), &[], t(5));
+    assert!(d.transitions.is_empty());
+    assert_eq!(d.actions, vec![Action::CreatePod]);
+    let just_created = crate::core::worker::expected("job-1", 1);
+    let d = at(&s, &scheduled(&s), &[just_created], t(5));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+}
+
+#[test]
+fn a_pod_that_never_appears_times_the_attempt_out_and_retries() {
+    let s = spec();
+    let d = at(&s, &scheduled(&s), &[], t(600));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Scheduled), TimedOut, Reason::PodNeverAppeared),
+            row(Some(TimedOut), Pending, Reason::RetryScheduled)
+        ]
+    );
+    assert_eq!(d.status.retries, 1);
+}
+
+#[test]
+fn running_task_succeeds_when_the_main_container_exits_zero() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[pod(1, Exited(0))], t(5));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Succeeded, Reason::Completed)]
+    );
+    assert_eq!(d.queue, QueueState::Done);
+    assert_eq!(d.outcome, Some(Outcome::Succeeded));
+    assert_eq!(condition_is(&d.status, "Ready"), pair("True", "Succeeded"));
+    let record = &d.status.attempts[0];
+    assert_eq!(
+        (record.outcome, record.exit_code, record.finished_at),
+        (Some(Succeeded), Some(0), Some(t(5)))
+    );
+    assert!(kills(&d).is_empty());
+}
+
+#[test]
+fn a_success_wins_over_a_passed_hard_timeout() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[pod(1, Exited(0))], t(900));
+    assert_eq!(d.status.phase, Some(Succeeded));
+}
+
+#[test]
+fn non_zero_exit_fails_the_attempt_and_schedules_a_retry_after_backoff() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[pod(1, Exited(3))], t(10));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Running), Failed, Reason::ExitCode),
+            row(Some(Failed), Pending, Reason::RetryScheduled)
+        ]
+    );
+    let st = &d.status;
+    assert_eq!((st.retries, st.infrastructure_retries), (1, 0));
+    assert_eq!(
+        st.next_attempt_at,
+        Some(t(11)),
+        "base 1s for the first retry"
+    );
+    assert_eq!(d.queue, QueueState::Waiting);
+    assert_eq!(d.outcome, Some(Outcome::Failed));
+    assert_eq!(condition_is(st, "Queued"), pair("False", "Backoff"));
+    assert_eq!(st.attempts[0].exit_code, Some(3));
+    // Due again: the retry takes a new attempt number and pod.
+    let d = granted(&s, st, &[pod(1, Exited(3))], t(11));
+    assert_eq!(d.status.attempt, 2);
+    assert_eq!(d.status.worker.as_deref(), Some("job-2"));
+    assert_eq!(d.actions, vec![Action::CreatePod]);
+}
+
+#[test]
+fn retries_exhausted_goes_dead() {
+    let mut s = spec();
+    s.retry.max_retries = 0;
+    let d = at(&s, &running(&s), &[pod(1, Exited(1))], t(10));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Running), Failed, Reason::ExitCode),
+            row(Some(Failed), Dead, Reason::RetriesExhausted)
+        ]
+    );
+    assert!(
+        d.status
+            .dead_reason
+            .as_deref()
+            .unwrap()
+            .contains("all 0 retries used")
+    );
+    assert_eq!(d.queue, QueueState::Done);
+}
+
+#[test]
+fn business_error_goes_dead_with_retries_left() {
+    let s = spec();
+    let mut w = pod(1, Exited(2));
+    w.exit.as_mut().unwrap().message = r#"{"error":"biz","reason":"no such account"}"#.into();
+    let d = at(&s, &running(&s), &[w], t(10));
+    assert_eq!(d.status.phase, Some(Dead));
+    assert_eq!(d.transitions[1].reason, "NonRetryable");
+    assert!(
+        d.status
+            .dead_reason
+            .as_deref()
+            .unwrap()
+            .contains("no such account")
+    );
+}
+
+#[test]
+fn hard_timeout_kills_the_worker_and_waits_for_it_before_anything_else() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[pod(1, Run)], t(600));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), TimedOut, Reason::HardTimeout)]
+    );
+    assert_eq!(kills(&d), vec![("job-1".into(), Some(10), true)]);
+    assert_eq!(
+        d.queue,
+        QueueState::Holding,
+        "the slot stays while the worker may run"
+    );
+    assert_eq!(d.outcome, Some(Outcome::Failed));
+    assert_eq!(
+        condition_is(&d.status, "WorkerTerminating"),
+        pair("True", "WaitingForPod")
+    );
+    assert_eq!(d.status.retries, 0, "decided once the pod is gone");
+
+    // Terminating, the worker ignores SIGTERM: nothing more happens, the kill is not re-sent.
+    let killed = with_finalizer(deleting(pod(1, Run), 10));
+    let wait = at(&s, &d.status, std::slice::from_ref(&killed), t(605));
+    assert!(
+        wait.transitions.is_empty() && wait.actions.is_empty(),
+        "{:?}",
+        wait.actions
+    );
+    assert_eq!(wait.queue, QueueState::Holding);
+
+    // Killed: the finalizer comes off once the last status is read; still TimedOut until gone.
+    let mut dead_pod = killed;
+    dead_pod.phase = PodPhase::Failed;
+    dead_pod.main = MainContainer::Terminated;
+    dead_pod.exit = Some(ContainerExit {
+        exit_code: 137,
+        reason: "Error".into(),
+        message: String::new(),
+    });
+    let read = at(&s, &d.status, &[dead_pod.clone()], t(611));
+    assert!(read.transitions.is_empty());
+    assert_eq!(
+        read.actions,
+        vec![Action::RemoveFinalizer {
+            name: "job-1".into(),
+            uid: "uid-1".into()
+        }]
+    );
+
+    // Gone: now the retry is decided.
+    let gone = at(&s, &d.status, &[], t(612));
+    assert_eq!(
+        path(&gone),
+        vec![row(Some(TimedOut), Pending, Reason::RetryScheduled)]
+    );
+    assert_eq!(gone.status.retries, 1);
+    assert_eq!(gone.status.next_attempt_at, Some(t(613)));
+    assert_eq!(
+        condition_is(&gone.status, "WorkerTerminating"),
+        pair("False", "PodsStopped")
+    );
+}
+
+#[test]
+fn a_worker_that_exits_zero_after_its_hard_timeout_makes_the_task_succeed() {
+    let s = spec();
+    let timed_out = at(&s, &running(&s), &[pod(1, Run)], t(600)).status;
+    let finished = with_finalizer(deleting(pod(1, Exited(0)), 10));
+    let d = at(&s, &timed_out, &[finished], t(603));
+    assert_eq!(
+        path(&d),
+        vec![row(
+            Some(TimedOut),
+            Succeeded,
+            Reason::CompletedAfterTimeout
+        )]
+    );
+    assert!(
+        d.transitions[0]
+            .message
+            .contains("after the attempt had ended TimedOut")
+    );
+    assert_eq!(d.status.attempt, 1, "no second attempt");
+    assert!(d.actions.contains(&Action::RemoveFinalizer {
+        name: "job-1".into(),
+        uid: "uid-1".into()
+    }));
+    assert_eq!(d.status.dead_reason, None);
+}
+
+#[test]
+fn hard_timeout_of_the_last_retry_goes_dead_only_once_the_worker_is_gone() {
+    let mut s = spec();
+    s.retry.max_retries = 0;
+    let d = at(&s, &running(&s), &[pod(1, Run)], t(600));
+    assert_eq!(
+        d.status.phase,
+        Some(TimedOut),
+        "not Dead while the worker may run"
+    );
+    let d = at(&s, &d.status, &[deleting(pod(1, Run), 10)], t(605));
+    assert_eq!(d.status.phase, Some(TimedOut));
+    let d = at(&s, &d.status, &[], t(611));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(TimedOut), Dead, Reason::RetriesExhausted)]
+    );
+}
+
+#[test]
+fn with_terminating_or_failed_the_next_attempt_does_not_wait_for_a_terminating_pod() {
+    let mut s = spec();
+    s.retry.pod_replacement_policy = PodReplacementPolicy::TerminatingOrFailed;
+    let d = at(&s, &running(&s), &[pod(1, Run)], t(600));
+    assert_eq!(d.status.phase, Some(TimedOut), "the kill is not sent yet");
+    let d = at(&s, &d.status, &[deleting(pod(1, Run), 10)], t(600));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(TimedOut), Pending, Reason::RetryScheduled)]
+    );
+    let next = granted(&s, &d.status, &[deleting(pod(1, Run), 10)], t(700));
+    assert_eq!(next.status.phase, Some(Scheduled));
+    assert_eq!(next.status.attempt, 2);
+}
+
+#[test]
+fn a_pending_task_with_a_live_pod_of_an_earlier_attempt_holds_its_slot_and_is_not_dispatched() {
+    let s = spec();
+    let mut status = running(&s);
+    status.phase = Some(Pending);
+    let d = granted(&s, &status, &[pod(1, Run)], t(10));
+    assert!(!d.dispatched);
+    assert_eq!(d.status.attempt, 1);
+    assert_eq!(d.queue, QueueState::Holding);
+    assert_eq!(kills(&d), vec![("job-1".into(), None, false)]);
+    assert_eq!(
+        condition_is(&d.status, "Queued"),
+        pair("True", "WorkerTerminating")
+    );
+}
+
+#[test]
+fn cancel_shows_canceled_at_once_and_the_condition_stays_until_the_pod_is_gone() {
+    let mut s = spec();
+    let status = running(&s);
+    s.cancel = true;
+    let d = at(&s, &status, &[pod(1, Run)], t(5));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Canceled, Reason::Canceled)]
+    );
+    assert_eq!(kills(&d), vec![("job-1".into(), None, false)]);
+    assert_eq!(d.queue, QueueState::Holding);
+    assert_eq!(d.outcome, Some(Outcome::Aborted));
+    assert_eq!(
+        condition_is(&d.status, "WorkerTerminating"),
+        pair("True", "WaitingForPod")
+    );
+    let still = at(&s, &d.status, &[deleting(pod(1, Run), 30)], t(6));
+    assert!(still.actions.is_empty() && still.transitions.is_empty());
+    let gone = at(&s, &d.status, &[], t(40));
+    assert_eq!(gone.queue, QueueState::Done);
+    assert_eq!(
+        condition_is(&gone.status, "WorkerTerminating"),
+        pair("False", "PodsStopped")
+    );
+}
+
+#[test]
+fn a_kill_that_was_lost_is_sent_again_by_the_next_decision() {
+    let mut s = spec();
+    let status = running(&s);
+    s.cancel = true;
+    let canceled = at(&s, &status, &[pod(1, Run)], t(5)).status;
+    // The delete never happened (the operator died, the API server said 503): the pod runs on.
+    let again = at(&s, &canceled, &[pod(1, Run)], t(60));
+    assert_eq!(kills(&again), vec![("job-1".into(), None, false)]);
+    // A deletion with a longer grace than a timeout kill allows is shortened.
+    let timed_out = at(&spec(), &running(&spec()), &[pod(1, Run)], t(600)).status;
+    let slow = deleting(pod(1, Run), 40);
+    let d = at(&spec(), &timed_out, &[slow], t(601));
+    assert_eq!(kills(&d), vec![("job-1".into(), Some(10), false)]);
+}
+
+#[test]
+fn eviction_retries_without_counting_up_to_max_infrastructure_retries() {
+    let mut s = spec();
+    s.retry.max_infrastructure_retries = 1;
+    let d = at(&s, &running(&s), &[pod(1, Evicted)], t(10));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Running), Failed, Reason::Evicted),
+            row(Some(Failed), Pending, Reason::RetryScheduled)
+        ]
+    );
+    assert_eq!((d.status.retries, d.status.infrastructure_retries), (0, 1));
+    assert_eq!(
+        d.outcome,
+        Some(Outcome::Aborted),
+        "says nothing about the type"
+    );
+    let second = granted(&s, &d.status, &[pod(1, Evicted)], t(20)).status;
+    let second = at(&s, &second, &[pod(1, Evicted), pod(2, Run)], t(21)).status;
+    let d = at(&s, &second, &[pod(1, Evicted), pod(2, Evicted)], t(22));
+    assert_eq!(
+        d.transitions.last().map(|e| (e.to, e.reason.as_str())),
+        Some((Dead, "InfrastructureRetriesExhausted"))
+    );
+    assert!(
+        d.status
+            .dead_reason
+            .as_deref()
+            .unwrap()
+            .contains("maxInfrastructureRetries")
+    );
+}
+
+#[test]
+fn an_image_pull_error_kills_the_pod_at_once_and_retries_as_infrastructure() {
+    let s = spec();
+    let d = at(&s, &scheduled(&s), &[stuck(1, "ErrImagePull")], t(5));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Scheduled), Failed, Reason::ErrImagePull)]
+    );
+    assert_eq!(kills(&d), vec![("job-1".into(), Some(0), false)]);
+    assert_eq!(d.queue, QueueState::Holding);
+    let gone = at(&s, &d.status, &[], t(6));
+    assert_eq!(gone.status.phase, Some(Pending));
+    assert_eq!(gone.status.infrastructure_retries, 1);
+}
+
+#[test]
+fn an_image_that_may_never_be_pulled_goes_dead_once_its_pod_is_gone() {
+    let s = spec();
+    let d = at(&s, &scheduled(&s), &[stuck(1, "ErrImageNeverPull")], t(5));
+    assert_eq!(d.status.phase, Some(Failed));
+    let gone = at(&s, &d.status, &[], t(6));
+    assert_eq!(
+        path(&gone),
+        vec![row(Some(Failed), Dead, Reason::NonRetryable)]
+    );
+}
+
+#[test]
+fn a_pod_deleted_by_someone_else_fails_the_attempt_and_the_retry_waits_for_it() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[deleting(pod(1, Run), 30)], t(5));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Failed, Reason::WorkerDeleted)]
+    );
+    assert!(kills(&d).is_empty(), "already being deleted");
+    assert_eq!(d.queue, QueueState::Holding);
+    let gone = at(&s, &d.status, &[], t(30));
+    assert_eq!(gone.status.phase, Some(Pending));
+    assert_eq!(
+        (gone.status.retries, gone.status.infrastructure_retries),
+        (0, 1)
+    );
+}
+
+#[test]
+fn a_worker_stopped_by_someone_elses_delete_is_not_blamed_for_its_exit_code() {
+    let s = spec();
+    let mut stopped = deleting(pod(1, Exited(143)), 30);
+    stopped.phase = PodPhase::Failed;
+    let d = at(&s, &running(&s), &[stopped], t(5));
+    assert_eq!(d.transitions[0].reason, "WorkerDeleted");
+    assert_eq!(
+        d.status.last_failure.as_ref().map(|f| f.kind),
+        Some(FailureKind::Infrastructure)
+    );
+}
+
+#[test]
+fn a_running_pod_that_disappeared_is_retried_without_counting() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[], t(5));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Running), Failed, Reason::WorkerDeleted),
+            row(Some(Failed), Pending, Reason::RetryScheduled)
+        ]
+    );
+}
+
+#[test]
+fn sidecars_do_not_keep_a_task_running_when_the_main_container_succeeded() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[sidecar_left(1, 0)], t(5));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Succeeded, Reason::Completed)]
+    );
+    assert_eq!(kills(&d), vec![("job-1".into(), None, false)]);
+    assert_eq!(d.queue, QueueState::Holding, "until the sidecar is stopped");
+    let gone = at(&s, &d.status, &[], t(35));
+    assert_eq!(gone.queue, QueueState::Done);
+}
+
+#[test]
+fn a_main_container_failure_with_a_sidecar_left_retries_once_the_pod_is_gone() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[sidecar_left(1, 4)], t(5));
+    assert_eq!(path(&d), vec![row(Some(Running), Failed, Reason::ExitCode)]);
+    assert_eq!(kills(&d), vec![("job-1".into(), None, false)]);
+    let d = at(&s, &d.status, &[], t(40));
+    assert_eq!(d.status.phase, Some(Pending));
+}
+
+#[test]
+fn an_init_container_failure_is_classified_like_the_main_container() {
+    let mut s = spec();
+    s.retry.rules = vec![rule(ExitCodeOperator::In, &[9], RuleAction::Dead)];
+    let mut w = pod(1, Waiting);
+    w.phase = PodPhase::Failed;
+    w.exit = Some(ContainerExit {
+        exit_code: 9,
+        reason: "init container setup: Error".into(),
+        message: String::new(),
+    });
+    let d = at(&s, &scheduled(&s), &[w], t(5));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Scheduled), Failed, Reason::ExitCodeRule),
+            row(Some(Failed), Dead, Reason::NonRetryable)
+        ]
+    );
+}
+
+fn soft(probe: bool) -> AxTaskSpec {
+    let mut s = spec();
+    s.timeout = TimeoutSpec {
+        soft_seconds: Some(30),
+        hard_seconds: 600,
+    };
+    if probe {
+        let container = &mut s.template.spec.as_mut().unwrap().containers[0];
+        container.readiness_probe = Some(
+            serde_json::from_value(json!({"exec": {"command": ["test", "-f", "/tmp/ok"]}}))
+                .unwrap(),
+        );
+    }
+    s
+}
+
+#[test]
+fn soft_timeout_without_a_probe_warns_once_for_a_running_worker() {
+    let s = soft(false);
+    let st = running(&s);
+    let before = at(&s, &st, &[pod(1, Run)], t(20));
+    assert_eq!(
+        before.requeue_after,
+        Some(Duration::from_secs(11)),
+        "soft at t(31)"
+    );
+    let d = at(&s, &st, &[pod(1, Run)], t(31));
+    assert!(d.transitions.is_empty());
+    assert!(matches!(
+        d.actions.as_slice(),
+        [Action::Warn {
+            reason: Reason::SoftTimeout,
+            ..
+        }]
+    ));
+    let again = at(&s, &d.status, &[pod(1, Run)], t(40));
+    assert!(again.actions.is_empty(), "once per attempt");
+}
+
+#[test]
+fn soft_timeout_asks_the_probe_when_there_is_one() {
+    let s = soft(true);
+    let st = running(&s);
+    let d = at(&s, &st, &[pod(1, Run)], t(31));
+    assert!(d.transitions.is_empty(), "ready: alive");
+    let mut not_ready = pod(1, Run);
+    not_ready.main = MainContainer::Running { ready: false };
+    let d = at(&s, &st, &[not_ready], t(31));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), TimedOut, Reason::SoftTimeout)]
+    );
+    assert!(d.transitions[0].message.contains("probe fails"));
+    assert_eq!(kills(&d), vec![("job-1".into(), Some(10), true)]);
+}
+
+#[test]
+fn soft_timeout_without_a_probe_counts_a_not_ready_node_as_dead() {
+    let s = soft(false);
+    let mut w = pod(1, Run);
+    w.node_ready = Some(false);
+    let d = at(&s, &running(&s), &[w], t(31));
+    assert_eq!(d.status.phase, Some(TimedOut));
+}
+
+#[test]
+fn a_pod_refused_by_a_quota_waits_in_the_queue_without_using_a_retry() {
+    let s = spec();
+    let refusal = Refusal::Forbidden("exceeded quota: pods=0".into());
+    let d = decide_with(&s, &scheduled(&s), &[], t(0), |i| {
+        i.refused = Some(&refusal)
+    });
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Scheduled), Pending, Reason::PodForbidden)]
+    );
+    assert_eq!((d.status.retries, d.status.infrastructure_retries), (0, 0));
+    assert_eq!(d.status.next_attempt_at, Some(t(1)));
+    assert_eq!(
+        d.queue,
+        QueueState::Waiting,
+        "the slot is released while it waits"
+    );
+    assert_eq!(d.outcome, Some(Outcome::Aborted));
+    let (status, reason) = condition_is(&d.status, "Queued");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "PodForbidden")
+    );
+    assert!(
+        condition(&d.status, "Queued")
+            .unwrap()
+            .message
+            .contains("exceeded quota")
+    );
+    assert!(!d.actions.contains(&Action::CreatePod));
+    assert_eq!(notice(&d.transitions[0]), Some(Notice::Warning));
+}
+
+#[test]
+fn an_invalid_pod_makes_the_task_dead_with_invalid_spec() {
+    let s = spec();
+    let refusal = Refusal::Invalid("spec.containers[0].image: Required value".into());
+    let d = decide_with(&s, &scheduled(&s), &[], t(0), |i| {
+        i.refused = Some(&refusal)
+    });
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Scheduled), Failed, Reason::PodRejected),
+            row(Some(Failed), Dead, Reason::InvalidSpec)
+        ]
+    );
+}
+
+#[test]
+fn retry_budget_ends_retries() {
+    let mut s = spec();
+    s.retry.budget_seconds = Some(5);
+    let st = running(&s);
+    assert_eq!(st.budget_deadline, Some(t(5)));
+    let mut w = pod(1, Exited(1));
+    w.node = None;
+    s.retry.backoff.base_seconds = 10;
+    let d = at(&s, &st, &[w], t(2));
+    assert_eq!(d.transitions.last().unwrap().reason, "BudgetExceeded");
+}
+
+#[test]
+fn a_rerun_starts_a_dead_task_again_with_retries_and_budget_reset() {
+    let mut s = spec();
+    s.retry.max_retries = 0;
+    s.retry.budget_seconds = Some(100);
+    let dead = at(&s, &running(&s), &[pod(1, Exited(1))], t(10)).status;
+    assert_eq!(dead.phase, Some(Dead));
+    s.rerun = 1;
+    let d = granted(&s, &dead, &[pod(1, Exited(1))], t(20));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Dead), Pending, Reason::Rerun),
+            row(Some(Pending), Scheduled, Reason::Dispatched)
+        ]
+    );
+    assert_eq!(d.transitions[0].actor, ACTOR_USER);
+    let st = &d.status;
+    assert_eq!((st.attempt, st.retries, st.observed_rerun), (2, 0, 1));
+    assert_eq!(st.worker.as_deref(), Some("job-2"), "pod names stay unique");
+    assert_eq!(
+        st.budget_deadline,
+        Some(t(120)),
+        "budget counted from the re-run"
+    );
+    assert_eq!(st.dead_reason, None);
+    assert!(st.history.len() > 4, "history kept");
+    // The same request seen again changes nothing more.
+    let again = at(&s, st, &[pod(1, Exited(1)), pod(2, Run)], t(21));
+    assert_eq!(again.status.observed_rerun, 1);
+    assert_eq!(again.status.attempt, 2);
+}
+
+#[test]
+fn a_rerun_requested_while_running_is_acted_on_when_the_task_finishes() {
+    let mut s = spec();
+    let st = running(&s);
+    s.rerun = 1;
+    let d = at(&s, &st, &[pod(1, Run)], t(5));
+    assert_eq!(
+        condition_is(&d.status, "RerunRequested"),
+        pair("True", "WaitingForFinish")
+    );
+    let d = at(&s, &d.status, &[pod(1, Exited(0))], t(6));
+    assert_eq!(
+        path(&d),
+        vec![
+            row(Some(Running), Succeeded, Reason::Completed),
+            row(Some(Succeeded), Pending, Reason::Rerun)
+        ]
+    );
+    assert_eq!(
+        condition_is(&d.status, "RerunRequested"),
+        pair("False", "RerunStarted")
+    );
+}
+
+#[test]
+fn a_rerun_of_a_canceled_task_waits_for_cancel_to_be_cleared() {
+    let mut s = spec();
+    s.cancel = true;
+    let canceled = at(&s, &admitted(&spec(), t(0)), &[], t(1)).status;
+    s.rerun = 1;
+    let d = at(&s, &canceled, &[], t(2));
+    assert!(d.transitions.is_empty());
+    assert_eq!(
+        condition_is(&d.status, "RerunRequested"),
+        pair("True", "CancelSet")
+    );
+    s.cancel = false;
+    let d = at(&s, &d.status, &[], t(3));
+    assert_eq!(path(&d), vec![row(Some(Canceled), Pending, Reason::Rerun)]);
+}
+
+#[test]
+fn two_rerun_requests_are_two_reruns() {
+    let mut s = spec();
+    let done = at(&s, &running(&s), &[pod(1, Exited(0))], t(5)).status;
+    s.rerun = 2;
+    let first = granted(&s, &done, &[pod(1, Exited(0))], t(6)).status;
+    assert_eq!(first.observed_rerun, 1);
+    let first = at(&s, &first, &[pod(1, Exited(0)), pod(2, Run)], t(7)).status;
+    let d = at(&s, &first, &[pod(1, Exited(0)), pod(2, Exited(0))], t(8));
+    assert_eq!(d.status.observed_rerun, 2);
+    assert_eq!(d.status.phase, Some(Pending));
+    let d = at(&s, &d.status, &[pod(1, Exited(0)), pod(2, Exited(0))], t(9));
+    assert_eq!(d.status.observed_rerun, 2, "no third");
+}
+
+#[test]
+fn callbacks_are_sent_until_their_outcome_is_recorded_and_ttl_waits_for_the_pods() {
+    let mut s = spec();
+    s.callback = Some(CallbackSpec {
+        url: "http://cb.example/".into(),
+    });
+    s.ttl_seconds_after_finished = Some(0);
+    let d = at(&s, &running(&s), &[sidecar_left(1, 0)], t(5));
+    assert!(d.actions.contains(&Action::SendCallback));
+    assert!(
+        !d.actions.contains(&Action::DeleteTask),
+        "the pod still stops"
+    );
+    let d = decide_with(&s, &d.status, &[], t(6), |i| {
+        i.callback = Some((CallbackResult::Delivered, "POST answered 200"))
+    });
+    assert!(!d.actions.contains(&Action::SendCallback));
+    assert!(d.actions.contains(&Action::DeleteTask));
+    assert_eq!(
+        condition_is(&d.status, "CallbackDelivered"),
+        pair("True", "Delivered")
+    );
+    let refused = callback_outcome(&d.status, CallbackResult::Refused, "loopback", t(7));
+    assert_eq!(
+        condition_is(&refused, "CallbackDelivered"),
+        pair("False", "CallbackRefused")
+    );
+}
+
+#[test]
+fn what_holds_a_waiting_task_is_the_queues_word_and_is_kept_between_reconciles() {
+    let s = spec();
+    let st = admitted(&s, t(0));
+    let d = decide_with(&s, &st, &[], t(1), |i| {
+        i.held = Some((
+            HeldReason::CircuitOpen,
+            "the circuit of type report is open",
+        ))
+    });
+    assert_eq!(
+        condition_is(&d.status, "Queued"),
+        pair("True", "CircuitOpen")
+    );
+    assert_eq!(
+        condition_is(&d.status, "CircuitOpen"),
+        pair("True", "CircuitOpen")
+    );
+    let kept = at(&s, &d.status, &[], t(2));
+    assert_eq!(
+        condition_is(&kept.status, "Queued"),
+        pair("True", "CircuitOpen")
+    );
+    let released = decide_with(&s, &d.status, &[], t(3), |i| {
+        i.held = Some((HeldReason::Waiting, "its turn"))
+    });
+    assert_eq!(
+        condition_is(&released.status, "CircuitOpen"),
+        pair("False", "NotHeld")
+    );
+}
+
+#[test]
+fn history_is_capped_and_counts_what_it_drops() {
+    let s = spec();
+    let mut st = running(&s);
+    st.history = (0..HISTORY_CAP)
+        .map(|i| st.history[i % st.history.len()].clone())
+        .collect();
+    let d = at(&s, &st, &[pod(1, Exited(0))], t(5));
+    assert_eq!(d.status.history.len(), HISTORY_CAP);
+    assert_eq!(d.status.history_dropped, 1);
+    assert_eq!(d.status.history.last().unwrap().to, Succeeded);
+}
+
+#[test]
+fn attempts_are_capped_oldest_first() {
+    let mut s = spec();
+    s.retry.max_infrastructure_retries = 100;
+    s.retry.backoff.base_seconds = 0;
+    s.retry.backoff.jitter_millis = 0;
+    let mut st = AxTaskStatus::default();
+    let mut pods = Vec::new();
+    for n in 1..=(crate::api::ATTEMPTS_CAP as i32 + 3) {
+        st = granted(&s, &st, &pods, t(i64::from(n))).status;
+        pods.push(pod(n, Evicted));
+        st = at(&s, &st, &pods, t(i64::from(n))).status;
+    }
+    assert_eq!(st.attempts.len(), crate::api::ATTEMPTS_CAP);
+    assert_eq!(st.attempts.first().unwrap().attempt, 4);
+}
+
+#[test]
+fn every_legal_pair_is_a_row_of_designs_table() {
+    for (from, to) in LEGAL {
+        assert!(from.is_none_or(|f| f != *to), "{from:?} -> {to:?}");
+        if from.is_some_and(TaskPhase::is_terminal) {
+            assert_eq!(*to, Pending, "only a re-run leaves a terminal phase");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties
+// ---------------------------------------------------------------------------------------------
+
+fn arb_phase() -> impl Strategy<Value = TaskPhase> {
+    proptest::sample::select(vec![
+        Pending, Scheduled, Running, Succeeded, Failed, TimedOut, Dead, Canceled,
+    ])
+}
+
+fn arb_spec() -> impl Strategy<Value = AxTaskSpec> {
+    (
+        (
+            0i32..3,
+            0i32..3,
+            0i64..4,
+            0i64..800,
+            prop::option::of(1i64..200),
+        ),
+        (
+            prop::option::of(1i64..100),
+            1i64..300,
+            prop::option::of(-50i64..200),
+        ),
+        (
+            prop::bool::weighted(0.15),
+            0i64..3,
+            any::<bool>(),
+            any::<bool>(),
+            prop::option::of(0i64..100),
+        ),
+        prop::collection::vec(
+            (
+                prop_oneof![Just(ExitCodeOperator::In), Just(ExitCodeOperator::NotIn)],
+                prop::collection::vec(1i64..5, 1..3),
+                prop_oneof![
+                    Just(RuleAction::Retry),
+                    Just(RuleAction::Dead),
+                    Just(RuleAction::Ignore)
+                ],
+            )
+                .prop_map(|(o, v, a)| rule(o, &v, a)),
+            0..2,
+        ),
+    )
+        .prop_map(
+            |(
+                (max, max_infra, base, jitter, budget),
+                (soft, hard, start),
+                (cancel, rerun, policy, callback, ttl),
+                rules,
+            )| {
+                let mut s = spec();
+                s.retry.max_retries = max;
+                s.retry.max_infrastructure_retries = max_infra;
+                s.retry.backoff = BackoffSpec {
+                    base_seconds: base,
+                    factor: 2.0,
+                    max_seconds: 60,
+                    jitter_millis: jitter,
+                };
+                s.retry.budget_seconds = budget;
+                s.retry.rules = rules;
+                s.retry.pod_replacement_policy = if policy {
+                    PodReplacementPolicy::TerminatingOrFailed
+                } else {
+                    PodReplacementPolicy::Failed
+                };
+                s.timeout = TimeoutSpec {
+                    soft_seconds: soft,
+                    hard_seconds: hard,
+                };
+                s.start_after = start.map(|o| Time(t(o)));
+                s.cancel = cancel;
+                s.rerun = rerun;
+                s.callback = callback.then(|| CallbackSpec {
+                    url: "http://cb.example/".into(),
+                });
+                s.ttl_seconds_after_finished = ttl;
+                s
+            },
+        )
+}
+
+fn arb_pod(attempt: i32) -> impl Strategy<Value = WorkerState> {
+    (
+        proptest::sample::select(vec![
+            PodPhase::Pending,
+            PodPhase::Running,
+            PodPhase::Succeeded,
+            PodPhase::Failed,
+            PodPhase::Unknown,
+        ]),
+        proptest::sample::select(vec![
+            MainContainer::Unknown,
+            MainContainer::Waiting,
+            MainContainer::Running { ready: true },
+            MainContainer::Running { ready: false },
+            MainContainer::Terminated,
+        ]),
+        prop::option::of(prop_oneof![Just(0), 1i32..4, Just(137)]),
+        (
+            prop::bool::weighted(0.3),
+            prop::option::of(0i64..40),
+            any::<bool>(),
+            any::<bool>(),
+        ),
+        (
+            prop::option::weighted(0.1, Just(("ErrImagePull".to_string(), String::new()))),
+            prop::option::weighted(0.1, Just(("Evicted".to_string(), String::new()))),
+            prop::option::of(any::<bool>()),
+            0i32..2,
+            prop::bool::weighted(0.1),
+        ),
+    )
+        .prop_map(
+            move |(
+                phase,
+                main,
+                exit,
+                (deleting, grace, finalizer, scheduled),
+                (stuck, disrupted, node_ready, restarts, expected),
+            )| {
+                if expected {
+                    return crate::core::worker::expected(&pod_name(TASK, attempt), attempt);
+                }
+                WorkerState {
+                    name: pod_name(TASK, attempt),
+                    uid: Some(format!("uid-{attempt}")),
+                    attempt,
+                    phase,
+                    deleting,
+                    deletion_grace_seconds: grace.filter(|_| deleting),
+                    outcome_finalizer: finalizer,
+                    finalizers: if finalizer {
+                        vec![crate::core::worker::OUTCOME_FINALIZER.into()]
+                    } else {
+                        Vec::new()
+                    },
+                    node: scheduled.then(|| "node-a".to_string()),
+                    node_ready,
+                    main,
+                    restarts,
+                    exit: exit.map(|exit_code| ContainerExit {
+                        exit_code,
+                        reason: "Error".into(),
+                        message: String::new(),
+                    }),
+                    stuck_reason: stuck,
+                    disrupted,
+                }
+            },
+        )
+}
+
+/// Any status, reachable or not, with pods for some of its attempts.
+fn arb_task() -> impl Strategy<Value = (AxTaskSpec, AxTaskStatus, Vec<WorkerState>)> {
+    (
+        arb_spec(),
+        prop::option::of(arb_phase()),
+        0i32..4,
+        0i32..4,
+        0i64..3,
+        prop::option::of(-700i64..400),
+        prop::option::of(-100i64..400),
+        prop::option::of(-100i64..400),
+    )
+        .prop_flat_map(
+            |(spec, phase, attempt, retries, observed_rerun, scheduled_at, next, budget)| {
+                let attempt = if phase.is_some_and(TaskPhase::has_worker) {
+                    attempt.max(1)
+                } else {
+                    attempt
+                };
+                let pods = prop::collection::vec(
+                    prop::option::weighted(0.7, arb_pod(0)),
+                    attempt as usize,
+                )
+                .prop_map(move |pods| {
+                    pods.into_iter()
+                        .enumerate()
+                        .filter_map(|(i, p)| {
+                            p.map(|mut p| {
+                                let n = i as i32 + 1;
+                                p.attempt = n;
+                                p.name = pod_name(TASK, n);
+                                if p.uid.is_some() {
+                                    p.uid = Some(format!("uid-{n}"));
+                                }
+                                p
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                });
+                let status = AxTaskStatus {
+                    phase,
+                    attempt,
+                    retries,
+                    worker: (attempt > 0).then(|| pod_name(TASK, attempt)),
+                    queued_at: Some(t(-100)),
+                    scheduled_at: scheduled_at.map(t),
+                    started_at: scheduled_at.map(t),
+                    next_attempt_at: next
+                        .map(t)
+                        .filter(|_| !phase.is_some_and(TaskPhase::is_terminal)),
+                    budget_deadline: budget.map(t),
+                    finished_at: phase.filter(|p| p.is_terminal()).map(|_| t(-50)),
+                    observed_rerun,
+                    last_failure: matches!(phase, Some(Failed | TimedOut)).then(|| Failure {
+                        attempt,
+                        kind: FailureKind::Timeout,
+                        exit_code: None,
+                        reason: "HardTimeout".into(),
+                        message: String::new(),
+                    }),
+                    ..AxTaskStatus::default()
+                };
+                (Just(spec), Just(status), pods)
+            },
+        )
+}
+
+/// Invariants every decision keeps, whatever it started from.
+fn check(
+    spec: &AxTaskSpec,
+    old: &AxTaskStatus,
+    pods: &[WorkerState],
+    d: &Decision,
+    now: Timestamp,
+) -> Result<(), TestCaseError> {
+    let new = &d.status;
+    // Every transition is a legal row, chained, at `now`.
+    let mut from = old.phase;
+    for e in &d.transitions {
+        prop_assert!(is_legal(e.from, e.to), "illegal {:?} -> {:?}", e.from, e.to);
+        prop_assert_eq!(e.from, from);
+        prop_assert_eq!(e.time, now);
+        if e.from.is_some_and(TaskPhase::is_terminal) {
+            prop_assert_eq!(e.reason.as_str(), "Rerun");
+        }
+        from = Some(e.to);
+    }
+    prop_assert_eq!(new.phase, from);
+    // History: append-only and capped.
+    let all: Vec<_> = old.history.iter().chain(&d.transitions).cloned().collect();
+    let kept = all.len().min(HISTORY_CAP);
+    prop_assert_eq!(&new.history[..], &all[all.len() - kept..]);
+    // The fence: no attempt starts while a pod of an earlier attempt may run, and no Dead verdict.
+    let policy = spec.retry.pod_replacement_policy;
+    let blocking_before = |attempt: i32| {
+        pods.iter()
+            .any(|p| p.attempt < attempt && blocks(p, policy))
+    };
+    for e in &d.transitions {
+        if e.to == Scheduled {
+            prop_assert!(
+                !blocking_before(e.attempt),
+                "attempt {} started beside a live pod: {:?}",
+                e.attempt,
+                pods
+            );
+        }
+        if e.to == Dead && e.from.is_some() {
+            prop_assert!(
+                !pods.iter().any(|p| blocks(p, policy)),
+                "Dead beside a live pod: {:?}",
+                pods
+            );
+        }
+    }
+    prop_assert!(new.attempt >= old.attempt && new.attempt <= old.attempt + 1);
+    prop_assert_eq!(d.dispatched, new.attempt == old.attempt + 1);
+    // Kills: only pods that should not run, that may still run, and that we have seen.
+    for a in &d.actions {
+        match a {
+            Action::KillPod { name, uid, .. } => {
+                let p = pods.iter().find(|p| &p.name == name).expect("a known pod");
+                prop_assert_eq!(p.uid.as_ref(), Some(uid));
+                prop_assert!(!should_run(p, new));
+                prop_assert!(p.is_running_phase());
+            }
+            Action::CreatePod => {
+                prop_assert_eq!(new.phase, Some(Scheduled));
+                prop_assert!(current_pod(new, pods).is_none());
+            }
+            Action::RemoveFinalizer { name, .. } => {
+                prop_assert!(pods.iter().any(|p| &p.name == name && p.outcome_finalizer));
+            }
+            Action::SendCallback | Action::DeleteTask => {
+                prop_assert!(new.phase.is_some_and(TaskPhase::is_terminal))
+            }
+            Action::Warn { .. } => prop_assert!(new.phase.is_some_and(TaskPhase::has_worker)),
+        }
+    }
+    // Where the task stands with its queue follows from its phase and pods.
+    let fenced = !fence(spec, new, pods).is_empty();
+    match new.phase {
+        Some(p) if p.has_worker() || matches!(p, Failed | TimedOut) => {
+            prop_assert_eq!(d.queue, QueueState::Holding)
+        }
+        Some(p) if p.is_terminal() => prop_assert_eq!(
+            d.queue,
+            if fenced {
+                QueueState::Holding
+            } else {
+                QueueState::Done
+            }
+        ),
+        _ => {}
+    }
+    if matches!(new.phase, Some(Failed | TimedOut)) {
+        prop_assert!(
+            fenced || current_pod(new, pods).is_some_and(observe::main_exited_zero),
+            "stopped in {:?} without a pod to wait for",
+            new.phase
+        );
+    }
+    let ready = condition(new, "Ready").expect("Ready");
+    prop_assert_eq!(ready.status == "True", new.phase == Some(Succeeded));
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_decision_is_legal_and_respects_the_fence(
+        (spec, status, pods) in arb_task(),
+        now in -100i64..1500,
+        grant in any::<bool>(),
+        unit_random in 0.0f64..1.0,
+    ) {
+        let now = t(now);
+        let error = validate(&spec).err();
+        let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
+        inputs.spec_error = error.as_ref();
+        inputs.granted = grant;
+        let d = decide(&inputs, &Clock { now, operator: OP, unit_random });
+        check(&spec, &status, &pods, &d, now)?;
+        // Deciding again on the result with the same pods and time moves nothing that is done.
+        if d.status.phase.is_some_and(TaskPhase::is_terminal) && !observe::rerun_requested(&spec, &d.status) {
+            let again_inputs = Inputs { status: &d.status, ..inputs };
+            let again = decide(&again_inputs, &Clock { now, operator: OP, unit_random });
+            prop_assert!(again.transitions.is_empty());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A simulated world: never two live workers
+// ---------------------------------------------------------------------------------------------
+
+/// What the world does between two decisions.
+#[derive(Clone, Debug)]
+enum World {
+    /// Time passes (seconds).
+    Wait(i64),
+    /// The oldest pod still Pending starts running.
+    Start,
+    /// A running pod's main container exits with this code.
+    Exit(i32),
+    /// A pod being deleted finishes stopping: with exit 0 or killed, staying until its finalizers
+    /// are gone.
+    Stopped(bool),
+    /// Deleted pods without finalizers vanish.
+    Vanish,
+    /// The API server drops a kill (the delete never happens).
+    DropKills,
+    /// The user sets cancel.
+    Cancel,
+}
+
+fn arb_world() -> impl Strategy<Value = World> {
+    prop_oneof![
+        3 => (1i64..400).prop_map(World::Wait),
+        3 => Just(World::Start),
+        2 => prop_oneof![Just(0), Just(1), Just(42)].prop_map(World::Exit),
+        2 => any::<bool>().prop_map(World::Stopped),
+        2 => Just(World::Vanish),
+        1 => Just(World::DropKills),
+        1 => Just(World::Cancel),
+    ]
+}
+
+fn apply_actions(
+    d: &Decision,
+    pods: &mut Vec<WorkerState>,
+    status: &AxTaskStatus,
+    drop_kills: bool,
+) {
+    for a in &d.actions {
+        match a {
+            Action::CreatePod => {
+                let mut p = pod(status.attempt, Waiting);
+                p.phase = PodPhase::Pending;
+                p.main = MainContainer::Waiting;
+                pods.push(p);
+            }
+            Action::KillPod {
+                name,
+                grace_seconds,
+                keep_outcome,
+                ..
+            } if !drop_kills => {
+                if let Some(p) = pods.iter_mut().find(|p| &p.name == name) {
+                    if *keep_outcome {
+                        p.outcome_finalizer = true;
+                    }
+                    p.deleting = true;
+                    p.deletion_grace_seconds = Some(grace_seconds.unwrap_or(30));
+                }
+            }
+            Action::RemoveFinalizer { name, .. } => {
+                if let Some(p) = pods.iter_mut().find(|p| &p.name == name) {
+                    p.outcome_finalizer = false;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn in_any_world_at_most_one_pod_of_a_task_may_run_and_dead_means_nothing_runs(
+        max_retries in 0i32..3,
+        hard in 5i64..100,
+        steps in prop::collection::vec(arb_world(), 1..60),
+    ) {
+        let mut spec = spec();
+        spec.retry.max_retries = max_retries;
+        spec.retry.max_infrastructure_retries = 2;
+        spec.retry.backoff.jitter_millis = 0;
+        spec.timeout.hard_seconds = hard;
+        let mut status = AxTaskStatus::default();
+        let mut pods: Vec<WorkerState> = Vec::new();
+        let mut now = 0i64;
+        let mut drop_kills = false;
+        for step in steps {
+            match step {
+                World::Wait(s) => now += s,
+                World::Start => {
+                    if let Some(p) = pods.iter_mut().find(|p| p.phase == PodPhase::Pending && !p.deleting) {
+                        p.phase = PodPhase::Running;
+                        p.main = MainContainer::Running { ready: true };
+                    }
+                }
+                World::Exit(code) => {
+                    if let Some(p) = pods.iter_mut().find(|p| p.phase == PodPhase::Running) {
+                        p.phase = if code == 0 { PodPhase::Succeeded } else { PodPhase::Failed };
+                        p.main = MainContainer::Terminated;
+                        p.exit = Some(ContainerExit { exit_code: code, reason: String::new(), message: String::new() });
+                    }
+                }
+                World::Stopped(zero) => {
+                    if let Some(p) = pods.iter_mut().find(|p| p.deleting && p.is_running_phase()) {
+                        let code = if zero { 0 } else { 137 };
+                        p.phase = if zero { PodPhase::Succeeded } else { PodPhase::Failed };
+                        p.main = MainContainer::Terminated;
+                        p.exit = Some(ContainerExit { exit_code: code, reason: String::new(), message: String::new() });
+                    }
+                }
+                World::Vanish => pods.retain(|p| !(p.deleting && !p.outcome_finalizer && !p.is_running_phase())),
+                World::DropKills => drop_kills = !drop_kills,
+                World::Cancel => spec.cancel = true,
+            }
+            let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
+            inputs.granted = true;
+            let d = decide(&inputs, &clock(t(now)));
+            for e in &d.transitions {
+                prop_assert!(is_legal(e.from, e.to));
+            }
+            apply_actions(&d, &mut pods, &d.status, drop_kills);
+            status = d.status;
+            // Never two pods that may run a worker.
+            let live = pods.iter().filter(|p| p.is_running_phase() || p.deleting).count();
+            prop_assert!(live <= 1, "{} live pods: {:#?}\n{:#?}", live, pods, status.history);
+            if status.phase == Some(Dead) {
+                prop_assert!(!pods.iter().any(|p| p.is_running_phase() || p.deleting), "Dead with a live pod");
+            }
+        }
+    }
+}
+
+#[test]
+fn reasons_in_history_parse_back() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[pod(1, Exited(3))], t(10));
+    for e in &d.status.history {
+        assert!(
+            Reason::ALL.iter().any(|r| r.as_str() == e.reason),
+            "{}",
+            e.reason
+        );
+    }
+}
