@@ -9,6 +9,7 @@
 #   cluster.sh status               one line per component; exit 0 only when all are healthy
 #   cluster.sh env                  eval "$(e2e/cluster.sh env)" sets KUBECONFIG and PATH
 #   cluster.sh sa-kubeconfig NAMESPACE SERVICEACCOUNT OUTFILE
+#   cluster.sh kubelet stop|start   stop the kubelet (its pods keep running, unsupervised) or start it
 #
 # Settings (environment): AX_E2E_DIR, AX_CACHE, AX_E2E_*_PORT and AX_E2E_POD_SUBNET (see
 # lib/common.sh). For the harness's own tests: AX_E2E_UP_UNTIL=<phase> ends `up` successfully
@@ -25,7 +26,7 @@ set -euo pipefail
 load_settings
 
 usage() {
-  sed -n '6,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '7,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -769,6 +770,18 @@ cmd_sa_kubeconfig() {
   say "wrote $out (ServiceAccount $namespace/$account)"
 }
 
+# What a node that stops answering looks like: the kubelet is gone, its containers keep running,
+# nothing reports on them until it comes back (for the fencing tests).
+cmd_kubelet() {
+  [ $# -eq 1 ] || usage
+  take_lock
+  case $1 in
+    stop) stop_daemon kubelet 15; say "kubelet stopped" ;;
+    start) ensure_component kubelet 60; say "kubelet running" ;;
+    *) usage ;;
+  esac
+}
+
 main() {
   [ $# -ge 1 ] || usage
   local command=$1
@@ -780,6 +793,7 @@ main() {
     status) cmd_status "$@" ;;
     env) cmd_env "$@" ;;
     sa-kubeconfig) cmd_sa_kubeconfig "$@" ;;
+    kubelet) cmd_kubelet "$@" ;;
     *) usage ;;
   esac
 }
