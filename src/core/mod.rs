@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod breaker;
+pub mod cron;
 pub mod dag;
 pub mod queue;
 pub mod task;
