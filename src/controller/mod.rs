@@ -1,6 +1,7 @@
 //! Thin reconcilers: gather inputs from the informer caches, decide with `crate::core`, write.
 
 pub mod callback;
+pub mod cron;
 pub mod dag;
 pub mod dispatch;
 pub mod queue;
