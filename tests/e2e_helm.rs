@@ -946,6 +946,14 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
             "-n",
             "default",
         ],
+        &["watch", "axcrons.ax.dev", "--all-namespaces"],
+        &[
+            "patch",
+            "axcrons.ax.dev",
+            "--subresource=status",
+            "-n",
+            "default",
+        ],
         &["create", "pods", "-n", "default"],
         &["delete", "pods", "-n", "default"],
         &["watch", "pods", "--all-namespaces"],
@@ -955,6 +963,7 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
         &["create", "leases.coordination.k8s.io", "-n", &ns],
     ];
     let denied: &[&[&str]] = &[
+        &["delete", "axcrons.ax.dev", "-n", "default"],
         &["get", "secrets", "-n", &ns],
         &["list", "secrets", "--all-namespaces"],
         &["get", "secrets", "-n", "kube-system"],

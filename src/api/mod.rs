@@ -1,9 +1,11 @@
 //! Custom resource types: the contract users see. No logic beyond defaults lives here.
 
+pub mod cron;
 pub mod dag;
 pub mod queue;
 pub mod task;
 
+pub use cron::*;
 pub use dag::*;
 pub use queue::*;
 pub use task::*;

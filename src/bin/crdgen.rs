@@ -1,6 +1,6 @@
 //! Prints the CustomResourceDefinitions of ax as YAML, or writes one file each into a directory.
 
-use ax::api::{AxDag, AxQueue, AxTask};
+use ax::api::{AxCron, AxDag, AxQueue, AxTask};
 use kube::CustomResourceExt;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("axtasks.yaml", AxTask::crd()),
         ("axdags.yaml", AxDag::crd()),
         ("axqueues.yaml", AxQueue::crd()),
+        ("axcrons.yaml", AxCron::crd()),
     ];
     match std::env::args().nth(1) {
         Some(dir) => {

@@ -10,6 +10,7 @@
 //! - `run`: the wiring.
 
 pub mod callback;
+pub mod cron;
 pub mod dag;
 pub mod dispatch;
 pub mod queue;

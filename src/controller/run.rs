@@ -103,6 +103,7 @@ pub async fn run(
         _ = queue::maintain(ctx.clone(), settings.default_queue_concurrency) => {}
         _ = count_tasks(ctx.clone()) => {}
         _ = super::dag::run(client.clone(), ctx.recorder.clone(), ctx.metrics.clone()) => {}
+        _ = super::cron::run(client.clone(), ctx.recorder.clone(), ctx.metrics.clone()) => {}
     }
     node_task.abort();
     Ok(())

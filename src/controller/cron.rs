@@ -1,0 +1,1003 @@
+//! The AxCron reconciler: read the cron and its children (AxTasks and AxDags labelled
+//! `ax.dev/cron`) from the caches, decide with `core::cron`, then cancel (Replace), create the
+//! children due (`<cron>-<scheduled unix time>`), delete those beyond the history limits, and
+//! write the status. Woken by the cron, by its children, and by a timer at the next firing.
+//!
+//! Idempotent across restarts and failover: a child's name is its scheduled time, so a time
+//! fired twice (a status write lost after the create) meets the existing child (409) and the
+//! cache, and never makes a second one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::tz::TimeZone;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use tracing::{debug, info, warn};
+
+use super::{Error, FIELD_MANAGER, Result};
+use crate::api::{
+    ANNOTATION_CATCH_UP, AxCron, AxCronStatus, AxDag, AxTask, Condition, DagPhase, LABEL_CRON,
+    LABEL_SCHEDULED_TIME, TaskPhase,
+};
+use crate::core::cron::{
+    self as core, Child, Decision, Finished, Policy, Schedule, Skip, SkipReason,
+};
+use crate::ops::metrics::Metrics;
+
+/// The `controller` label of the reconcile metrics.
+const CONTROLLER: &str = "axcron";
+
+/// How long a child this process created counts while the cache has not shown it yet.
+const EXPECTATION_TTL: Duration = Duration::from_secs(60);
+
+/// Longest sleep between two reconciles of a cron, whatever its schedule: the status (active
+/// children) is refreshed by child events anyway; this bounds the damage of a lost timer.
+const MAX_SLEEP: Duration = Duration::from_secs(600);
+
+/// Longest cron name: `<name>-<10-digit unix time>` must still be a valid label value (63), as
+/// the children of a DAG child are labelled with its name (CronJob has the same limit).
+pub const MAX_NAME: usize = 52;
+
+pub struct CronContext {
+    pub client: Client,
+    pub recorder: Recorder,
+    /// AxTasks labelled `ax.dev/cron`.
+    pub tasks: Store<AxTask>,
+    /// AxDags labelled `ax.dev/cron`.
+    pub dags: Store<AxDag>,
+    pub metrics: Arc<Metrics>,
+    expected: Mutex<Expected>,
+}
+
+type CronCtx = Arc<CronContext>;
+
+/// Per cron uid, the children this process created that the cache has not shown yet: name ->
+/// (scheduled time, when created).
+type Expected = HashMap<String, HashMap<String, (Timestamp, Instant)>>;
+
+/// Runs the AxCron controller until a shutdown signal.
+pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
+    let crons: Api<AxCron> = Api::all(client.clone());
+    let (tasks, tasks_writer) = reflector::store();
+    let task_events = reflector::reflector(
+        tasks_writer,
+        watcher(
+            Api::<AxTask>::all(client.clone()),
+            watcher::Config::default().labels(LABEL_CRON),
+        )
+        .default_backoff(),
+    )
+    .touched_objects();
+    let (dags, dags_writer) = reflector::store();
+    let dag_events = reflector::reflector(
+        dags_writer,
+        watcher(
+            Api::<AxDag>::all(client.clone()),
+            watcher::Config::default().labels(LABEL_CRON),
+        )
+        .default_backoff(),
+    )
+    .touched_objects();
+    let controller = Controller::new(crons, watcher::Config::default())
+        .owns_stream(task_events)
+        .owns_stream(dag_events)
+        .shutdown_on_signal();
+    let ctx = Arc::new(CronContext {
+        client,
+        recorder,
+        tasks,
+        dags,
+        metrics,
+        expected: Mutex::new(HashMap::new()),
+    });
+    info!("AxCron controller running");
+    controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                debug!(error = %e, "cron reconcile");
+            }
+        })
+        .await;
+}
+
+/// A child as the caches show it.
+#[derive(Debug, Clone)]
+struct ChildState {
+    name: String,
+    scheduled: Timestamp,
+    kind: ChildKind,
+    outcome: Outcome,
+    /// `spec.cancel` is set already.
+    canceling: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChildKind {
+    Task,
+    Dag,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Active,
+    Succeeded(Option<Timestamp>),
+    Failed,
+}
+
+/// The spec, checked: what the core needs, or why it cannot run (shown in `InvalidSpec`).
+fn validate(cron: &AxCron, uid: &str) -> Result<(Schedule, Policy), String> {
+    let spec = &cron.spec;
+    let name = cron.name_any();
+    if name.len() > MAX_NAME {
+        return Err(format!(
+            "metadata.name: at most {MAX_NAME} characters (children are named <cron>-<unix time>), \
+             this one has {}",
+            name.len()
+        ));
+    }
+    match (&spec.task, &spec.dag) {
+        (Some(_), None) | (None, Some(_)) => {}
+        _ => return Err("spec: exactly one of task and dag must be set".into()),
+    }
+    let schedule = Schedule::parse(&spec.schedule, &spec.time_zone)
+        .map_err(|e| format!("schedule {:?}: {e}", spec.schedule))?;
+    let policy = Policy {
+        misfire: spec.misfire_policy,
+        max_catch_up: u32::try_from(spec.max_catch_up.clamp(1, 100)).unwrap_or(1),
+        starting_deadline: spec
+            .starting_deadline_seconds
+            .map(|s| SignedDuration::from_secs(s.max(0))),
+        concurrency: spec.concurrency_policy,
+        jitter: core::jitter_offset(uid, spec.jitter_seconds),
+        suspend: spec.suspend,
+    };
+    Ok((schedule, policy))
+}
+
+#[tracing::instrument(skip_all, fields(namespace = cron.namespace(), name = cron.name_any()))]
+pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
+    let _timer = ctx.metrics.reconcile_timer(CONTROLLER);
+    // A child missing from an incomplete cache would be created again: decide on complete ones.
+    if !super::cache_listed(&ctx.tasks) || !super::cache_listed(&ctx.dags) {
+        return Ok(Requeue::requeue(Duration::from_millis(500)));
+    }
+    if cron.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the children through their owner references.
+        return Ok(Requeue::await_change());
+    }
+    let uid = cron.uid().ok_or(Error::Incomplete("uid"))?;
+    let now = Timestamp::now();
+    let before = cron.status.clone().unwrap_or_default();
+    let kind = if cron.spec.dag.is_some() {
+        ChildKind::Dag
+    } else {
+        ChildKind::Task
+    };
+    let mut children = owned_children(&cron, &uid, &ctx);
+    add_expected(&uid, kind, &mut children, &ctx);
+
+    let (schedule, policy) = match validate(&cron, &uid) {
+        Ok(valid) => valid,
+        Err(message) => {
+            let status = status_with(&cron, &before, &children, None, Some(&message));
+            if !condition_is(&before, "InvalidSpec", "True", &message) {
+                publish(&cron, EventType::Warning, "InvalidSpec", &message, &ctx);
+            }
+            write_status(&cron, &before, &status, &ctx).await?;
+            return Ok(Requeue::await_change());
+        }
+    };
+
+    let handled_until = before
+        .last_handled_time
+        .or(before.last_schedule_time)
+        .or_else(|| cron.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or(now);
+    let core_children: Vec<Child> = children
+        .iter()
+        .map(|c| Child {
+            name: c.name.clone(),
+            scheduled: c.scheduled,
+            active: c.outcome == Outcome::Active,
+        })
+        .collect();
+    let decision = core::decide(&core::Input {
+        cron: &cron.name_any(),
+        schedule: &schedule,
+        policy: &policy,
+        handled_until,
+        now,
+        children: &core_children,
+    });
+
+    cancel_replaced(&cron, &decision, &children, &ctx).await?;
+    for firing in &decision.create {
+        match create_child(&cron, &uid, firing, &ctx).await? {
+            Created::Yes => {
+                ctx.expected()
+                    .entry(uid.clone())
+                    .or_default()
+                    .insert(firing.name.clone(), (firing.scheduled, Instant::now()));
+                children.push(ChildState {
+                    name: firing.name.clone(),
+                    scheduled: firing.scheduled,
+                    kind,
+                    outcome: Outcome::Active,
+                    canceling: false,
+                });
+                publish_fired(&cron, &schedule, firing, &ctx);
+            }
+            Created::Existed => {}
+            Created::NameTaken(message) | Created::Rejected(message) => {
+                publish(&cron, EventType::Warning, "CreateFailed", &message, &ctx);
+            }
+        }
+    }
+    for skip in &decision.skipped {
+        publish_skip(&cron, &schedule, &policy, skip, &ctx);
+    }
+    delete_beyond_history(&cron, &mut children, &ctx).await?;
+
+    let status = status_with(&cron, &before, &children, Some(&decision), None);
+    let written = write_status(&cron, &before, &status, &ctx).await?;
+    Ok(match decision.wake_at {
+        Some(wake_at) if written => {
+            let wait = wake_at.duration_since(Timestamp::now());
+            // A little after the firing time, never a busy loop just before it.
+            let wait = Duration::try_from(wait).unwrap_or_default() + Duration::from_millis(20);
+            Requeue::requeue(wait.min(MAX_SLEEP))
+        }
+        // The write conflicted: a newer version of the cron is on its way; look again soon.
+        Some(_) => Requeue::requeue(Duration::from_secs(1)),
+        None => Requeue::await_change(),
+    })
+}
+
+impl CronContext {
+    fn expected(&self) -> std::sync::MutexGuard<'_, Expected> {
+        self.expected
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The children of this cron in the caches: AxTasks and AxDags in its namespace whose controller
+/// is this cron (by uid, so the children of an older cron of the same name do not count).
+fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
+    let namespace = cron.namespace();
+    let prefix = format!("{}-", cron.name_any());
+    let mut children = Vec::new();
+    for task in ctx.tasks.state() {
+        if task.namespace() != namespace || !is_controlled_by(task.as_ref(), uid) {
+            continue;
+        }
+        let Some(scheduled) = scheduled_time(task.as_ref(), &prefix) else {
+            continue;
+        };
+        let phase = task.status.as_ref().and_then(|s| s.phase);
+        let outcome = match phase {
+            Some(TaskPhase::Succeeded) => {
+                Outcome::Succeeded(task.status.as_ref().and_then(|s| s.finished_at))
+            }
+            Some(TaskPhase::Dead | TaskPhase::Canceled) => Outcome::Failed,
+            _ => Outcome::Active,
+        };
+        children.push(ChildState {
+            name: task.name_any(),
+            scheduled,
+            kind: ChildKind::Task,
+            outcome,
+            canceling: task.spec.cancel,
+        });
+    }
+    for dag in ctx.dags.state() {
+        if dag.namespace() != namespace || !is_controlled_by(dag.as_ref(), uid) {
+            continue;
+        }
+        let Some(scheduled) = scheduled_time(dag.as_ref(), &prefix) else {
+            continue;
+        };
+        let phase = dag.status.as_ref().and_then(|s| s.phase);
+        let outcome = match phase {
+            Some(DagPhase::Succeeded) => {
+                Outcome::Succeeded(dag.status.as_ref().and_then(|s| s.finished_at))
+            }
+            Some(DagPhase::Failed | DagPhase::Canceled) => Outcome::Failed,
+            _ => Outcome::Active,
+        };
+        children.push(ChildState {
+            name: dag.name_any(),
+            scheduled,
+            kind: ChildKind::Dag,
+            outcome,
+            canceling: dag.spec.cancel,
+        });
+    }
+    children.sort_by(|a, b| a.scheduled.cmp(&b.scheduled).then(a.name.cmp(&b.name)));
+    children
+}
+
+/// Adds the children created by this process that the caches have not shown yet (as active),
+/// forgetting those the caches now show and those too old (of every cron).
+fn add_expected(uid: &str, kind: ChildKind, children: &mut Vec<ChildState>, ctx: &CronCtx) {
+    let mut expected = ctx.expected();
+    let now = Instant::now();
+    expected.retain(|cron_uid, names| {
+        names.retain(|name, (_, created)| {
+            let seen = cron_uid == uid && children.iter().any(|c| &c.name == name);
+            !seen && now.duration_since(*created) < EXPECTATION_TTL
+        });
+        !names.is_empty()
+    });
+    if let Some(names) = expected.get(uid) {
+        for (name, (scheduled, _)) in names {
+            children.push(ChildState {
+                name: name.clone(),
+                scheduled: *scheduled,
+                kind,
+                outcome: Outcome::Active,
+                canceling: false,
+            });
+        }
+        children.sort_by(|a, b| a.scheduled.cmp(&b.scheduled).then(a.name.cmp(&b.name)));
+    }
+}
+
+fn is_controlled_by<K: Resource>(child: &K, uid: &str) -> bool {
+    child
+        .owner_references()
+        .iter()
+        .any(|owner| owner.uid == uid && owner.controller == Some(true))
+}
+
+/// From the `ax.dev/scheduled-time` label, else from the name's suffix.
+fn scheduled_time<K: Resource>(child: &K, prefix: &str) -> Option<Timestamp> {
+    let seconds = child
+        .labels()
+        .get(LABEL_SCHEDULED_TIME)
+        .cloned()
+        .or_else(|| child.name_any().strip_prefix(prefix).map(str::to_owned))?;
+    Timestamp::from_second(seconds.parse().ok()?).ok()
+}
+
+enum Created {
+    Yes,
+    /// Created before (by an earlier run of the operator, or on a lagging cache).
+    Existed,
+    /// An object this cron does not control has the child's name.
+    NameTaken(String),
+    /// The API server refused the child (its template is invalid as an AxTask/AxDag).
+    Rejected(String),
+}
+
+fn child_metadata(cron: &AxCron, uid: &str, firing: &core::Firing) -> ObjectMeta {
+    let mut annotations = BTreeMap::new();
+    if firing.catch_up {
+        annotations.insert(ANNOTATION_CATCH_UP.to_owned(), "true".to_owned());
+    }
+    ObjectMeta {
+        name: Some(firing.name.clone()),
+        namespace: cron.namespace(),
+        labels: Some(BTreeMap::from([
+            (LABEL_CRON.to_owned(), cron.name_any()),
+            (
+                LABEL_SCHEDULED_TIME.to_owned(),
+                firing.scheduled.as_second().to_string(),
+            ),
+        ])),
+        annotations: (!annotations.is_empty()).then_some(annotations),
+        owner_references: Some(vec![OwnerReference {
+            api_version: AxCron::api_version(&()).into_owned(),
+            kind: AxCron::kind(&()).into_owned(),
+            name: cron.name_any(),
+            uid: uid.to_owned(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]),
+        ..ObjectMeta::default()
+    }
+}
+
+async fn create_child(
+    cron: &AxCron,
+    uid: &str,
+    firing: &core::Firing,
+    ctx: &CronCtx,
+) -> Result<Created> {
+    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let metadata = child_metadata(cron, uid, firing);
+    match (&cron.spec.task, &cron.spec.dag) {
+        (Some(task), _) => {
+            let child = AxTask {
+                metadata,
+                spec: task.clone(),
+                status: None,
+            };
+            create_owned(
+                Api::namespaced(ctx.client.clone(), &namespace),
+                &child,
+                uid,
+                firing,
+            )
+            .await
+        }
+        (None, Some(dag)) => {
+            let child = AxDag {
+                metadata,
+                spec: dag.clone(),
+                status: None,
+            };
+            create_owned(
+                Api::namespaced(ctx.client.clone(), &namespace),
+                &child,
+                uid,
+                firing,
+            )
+            .await
+        }
+        (None, None) => Err(Error::Incomplete("task or dag")),
+    }
+}
+
+async fn create_owned<K>(
+    api: Api<K>,
+    child: &K,
+    uid: &str,
+    firing: &core::Firing,
+) -> Result<Created>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match api.create(&params, child).await {
+        Ok(_) => {
+            debug!(child = firing.name, "child created");
+            Ok(Created::Yes)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(&firing.name).await? {
+            // Deleted in between (history limit): it was there, the time was handled.
+            None => Ok(Created::Existed),
+            Some(existing) if is_controlled_by(&existing, uid) => Ok(Created::Existed),
+            Some(_) => Ok(Created::NameTaken(format!(
+                "{} exists and does not belong to this cron: scheduled time {} skipped",
+                firing.name, firing.scheduled
+            ))),
+        },
+        Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
+            Ok(Created::Rejected(format!(
+                "the API server refused child {} for {}: {}",
+                firing.name, firing.scheduled, e.message
+            )))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `concurrencyPolicy: Replace`: cancels the active children the normal way (`spec.cancel`).
+async fn cancel_replaced(
+    cron: &AxCron,
+    decision: &Decision,
+    children: &[ChildState],
+    ctx: &CronCtx,
+) -> Result<()> {
+    if decision.cancel.is_empty() {
+        return Ok(());
+    }
+    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let patch = Patch::Merge(serde_json::json!({"spec": {"cancel": true}}));
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    for name in &decision.cancel {
+        let Some(child) = children.iter().find(|c| &c.name == name) else {
+            continue;
+        };
+        if child.canceling {
+            continue;
+        }
+        let result = match child.kind {
+            ChildKind::Task => Api::<AxTask>::namespaced(ctx.client.clone(), &namespace)
+                .patch(name, &params, &patch)
+                .await
+                .map(|_| ()),
+            ChildKind::Dag => Api::<AxDag>::namespaced(ctx.client.clone(), &namespace)
+                .patch(name, &params, &patch)
+                .await
+                .map(|_| ()),
+        };
+        match result {
+            Ok(()) => {
+                let replacement = decision.create.last().map_or("", |f| f.name.as_str());
+                publish(
+                    cron,
+                    EventType::Normal,
+                    "Replaced",
+                    &format!(
+                        "canceled {name}: {replacement} replaces it (concurrencyPolicy Replace)"
+                    ),
+                    ctx,
+                );
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the finished children beyond `successfulRunsHistoryLimit` / `failedRunsHistoryLimit`
+/// (in the background: the garbage collector removes their pods and tasks through ownership).
+async fn delete_beyond_history(
+    cron: &AxCron,
+    children: &mut Vec<ChildState>,
+    ctx: &CronCtx,
+) -> Result<()> {
+    let finished: Vec<Finished> = children
+        .iter()
+        .filter_map(|c| match c.outcome {
+            Outcome::Active => None,
+            Outcome::Succeeded(_) => Some(Finished {
+                name: c.name.clone(),
+                scheduled: c.scheduled,
+                succeeded: true,
+            }),
+            Outcome::Failed => Some(Finished {
+                name: c.name.clone(),
+                scheduled: c.scheduled,
+                succeeded: false,
+            }),
+        })
+        .collect();
+    let keep = |limit: i32| usize::try_from(limit).unwrap_or(0);
+    let delete = core::history_to_delete(
+        &finished,
+        keep(cron.spec.successful_runs_history_limit),
+        keep(cron.spec.failed_runs_history_limit),
+    );
+    if delete.is_empty() {
+        return Ok(());
+    }
+    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+    for name in &delete {
+        let Some(child) = children.iter().find(|c| &c.name == name) else {
+            continue;
+        };
+        let result = match child.kind {
+            ChildKind::Task => Api::<AxTask>::namespaced(ctx.client.clone(), &namespace)
+                .delete(name, &DeleteParams::background())
+                .await
+                .map(|_| ()),
+            ChildKind::Dag => Api::<AxDag>::namespaced(ctx.client.clone(), &namespace)
+                .delete(name, &DeleteParams::background())
+                .await
+                .map(|_| ()),
+        };
+        match result {
+            Ok(()) => {
+                let kind = if child.outcome == Outcome::Failed {
+                    "failedRunsHistoryLimit"
+                } else {
+                    "successfulRunsHistoryLimit"
+                };
+                publish(
+                    cron,
+                    EventType::Normal,
+                    "DeletedHistory",
+                    &format!("deleted finished child {name} (beyond {kind})"),
+                    ctx,
+                );
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    children.retain(|c| !delete.contains(&c.name));
+    Ok(())
+}
+
+/// The status after this reconcile: `decision` when the spec is valid, else `invalid` says why.
+fn status_with(
+    cron: &AxCron,
+    before: &AxCronStatus,
+    children: &[ChildState],
+    decision: Option<&Decision>,
+    invalid: Option<&str>,
+) -> AxCronStatus {
+    let generation = cron.metadata.generation;
+    let active: Vec<String> = children
+        .iter()
+        .filter(|c| c.outcome == Outcome::Active)
+        .map(|c| c.name.clone())
+        .collect();
+    let newest_child = children.iter().map(|c| c.scheduled).max();
+    let newest_success = children
+        .iter()
+        .filter_map(|c| match c.outcome {
+            Outcome::Succeeded(finished) => finished,
+            _ => None,
+        })
+        .max();
+    let suspended = cron.spec.suspend;
+    let conditions = vec![
+        match invalid {
+            Some(message) => condition(
+                before,
+                "InvalidSpec",
+                true,
+                "InvalidSpec",
+                message,
+                generation,
+            ),
+            None => condition(before, "InvalidSpec", false, "Valid", "", generation),
+        },
+        if suspended {
+            condition(
+                before,
+                "Suspended",
+                true,
+                "Suspended",
+                "spec.suspend is true: nothing is created; times passed meanwhile are misfires on resume",
+                generation,
+            )
+        } else {
+            condition(before, "Suspended", false, "Active", "", generation)
+        },
+    ];
+    AxCronStatus {
+        last_schedule_time: before.last_schedule_time.max(newest_child),
+        last_handled_time: decision
+            .and_then(|d| d.handled_until)
+            .or(before.last_handled_time),
+        last_successful_time: before.last_successful_time.max(newest_success),
+        next_schedule_time: decision.and_then(|d| d.next_schedule_time),
+        active_count: i32::try_from(active.len()).unwrap_or(i32::MAX),
+        active,
+        conditions,
+        observed_generation: generation,
+    }
+}
+
+fn condition_is(before: &AxCronStatus, type_: &str, status: &str, message: &str) -> bool {
+    before
+        .conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == status && c.message == message)
+}
+
+/// A condition, keeping its lastTransitionTime while its status does not change.
+fn condition(
+    before: &AxCronStatus,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let last_transition_time = before
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+/// Writes the status if it changed: server-side apply under the operator's field manager,
+/// conditional on the resourceVersion so a decision taken on a stale copy never overwrites newer
+/// state. Returns false when it conflicted (or the cron is gone).
+async fn write_status(
+    cron: &AxCron,
+    before: &AxCronStatus,
+    status: &AxCronStatus,
+    ctx: &CronCtx,
+) -> Result<bool> {
+    if before == status {
+        return Ok(true);
+    }
+    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxCron> = Api::namespaced(ctx.client.clone(), &namespace);
+    let patch = serde_json::json!({
+        "apiVersion": AxCron::api_version(&()),
+        "kind": AxCron::kind(&()),
+        "metadata": { "name": cron.name_any(), "resourceVersion": cron.resource_version() },
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match api
+        .patch_status(&cron.name_any(), &params, &Patch::Apply(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+            debug!("cron status write conflicted; deciding again on the newer version");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A scheduled time as people read it: UTC, and the wall clock of the cron's zone.
+fn when(schedule: &Schedule, time: Timestamp) -> String {
+    let zone: &TimeZone = schedule.time_zone();
+    let local = time.to_zoned(zone.clone());
+    match zone.iana_name() {
+        Some("UTC") | None => time.to_string(),
+        Some(name) => format!("{time} ({} {name})", local.strftime("%Y-%m-%d %H:%M:%S")),
+    }
+}
+
+fn publish_fired(cron: &AxCron, schedule: &Schedule, firing: &core::Firing, ctx: &CronCtx) {
+    let kind = if cron.spec.task.is_some() {
+        "AxTask"
+    } else {
+        "AxDag"
+    };
+    let catch_up = if firing.catch_up {
+        format!(
+            " (catch-up for a missed time, misfirePolicy {:?})",
+            cron.spec.misfire_policy
+        )
+    } else {
+        String::new()
+    };
+    let note = format!(
+        "created {kind} {} for {}{catch_up}",
+        firing.name,
+        when(schedule, firing.scheduled)
+    );
+    publish(cron, EventType::Normal, "Fired", &note, ctx);
+}
+
+fn publish_skip(cron: &AxCron, schedule: &Schedule, policy: &Policy, skip: &Skip, ctx: &CronCtx) {
+    let times = if skip.count == 1 && !skip.at_least {
+        format!("scheduled time {}", when(schedule, skip.first))
+    } else {
+        format!(
+            "{}{} scheduled times from {} to {}",
+            if skip.at_least { "at least " } else { "" },
+            skip.count,
+            when(schedule, skip.first),
+            when(schedule, skip.last)
+        )
+    };
+    let (type_, reason, why) = match &skip.reason {
+        SkipReason::Missed => (
+            EventType::Warning,
+            "MissedSchedule",
+            "missed (the operator was not running or the cron was suspended) and skipped: misfirePolicy Skip".to_owned(),
+        ),
+        SkipReason::CoveredBy(by) => (
+            EventType::Warning,
+            "MissedSchedule",
+            format!(
+                "missed; the run for {} stands for them (misfirePolicy RunOnce)",
+                when(schedule, *by)
+            ),
+        ),
+        SkipReason::TooManyMissed => (
+            EventType::Warning,
+            "MissedSchedule",
+            format!(
+                "missed and skipped: only the latest {} missed times run (misfirePolicy RunAll, maxCatchUp)",
+                policy.max_catch_up
+            ),
+        ),
+        SkipReason::DeadlineExceeded => (
+            EventType::Warning,
+            "MissedSchedule",
+            format!(
+                "skipped: more than startingDeadlineSeconds ({}) late",
+                policy.starting_deadline.map_or(0, |d| d.as_secs())
+            ),
+        ),
+        SkipReason::ConcurrentChild(child) => (
+            EventType::Normal,
+            "SkippedConcurrent",
+            format!("skipped: {child} is still active (concurrencyPolicy Forbid)"),
+        ),
+        SkipReason::Superseded(by) => (
+            EventType::Normal,
+            "Superseded",
+            format!(
+                "skipped: the run for {} replaces it (concurrencyPolicy Replace)",
+                when(schedule, *by)
+            ),
+        ),
+    };
+    publish(cron, type_, reason, &format!("{times}: {why}"), ctx);
+}
+
+fn publish(cron: &AxCron, type_: EventType, reason: &str, note: &str, ctx: &CronCtx) {
+    super::publish_event(&ctx.recorder, cron, type_, reason, note);
+}
+
+pub fn error_policy(cron: Arc<AxCron>, error: &Error, ctx: CronCtx) -> Requeue {
+    ctx.metrics.reconcile_error(CONTROLLER);
+    warn!(namespace = cron.namespace(), name = cron.name_any(), %error, "cron reconcile failed");
+    Requeue::requeue(Duration::from_secs(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cron(name: &str, spec: serde_json::Value) -> AxCron {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1",
+            "kind": "AxCron",
+            "metadata": {"name": name, "namespace": "ns", "uid": "u-1", "generation": 1},
+            "spec": spec,
+        }))
+        .expect("an AxCron")
+    }
+
+    fn task() -> serde_json::Value {
+        serde_json::json!({"type": "t", "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}})
+    }
+
+    #[test]
+    fn validation_names_what_is_wrong() {
+        let bad_field = cron(
+            "c",
+            serde_json::json!({"schedule": "0 0 32 * *", "task": task()}),
+        );
+        assert_eq!(
+            validate(&bad_field, "u-1").unwrap_err(),
+            "schedule \"0 0 32 * *\": field 3 (day of month): 32 out of range 1-31"
+        );
+        let both = cron(
+            "c",
+            serde_json::json!({"schedule": "@daily", "task": task(), "dag": {"tasks": []}}),
+        );
+        assert_eq!(
+            validate(&both, "u-1").unwrap_err(),
+            "spec: exactly one of task and dag must be set"
+        );
+        let zone = cron(
+            "c",
+            serde_json::json!({"schedule": "@daily", "timeZone": "Europe/Nowhere", "task": task()}),
+        );
+        assert!(
+            validate(&zone, "u-1")
+                .unwrap_err()
+                .contains("not an IANA time zone")
+        );
+        let long = cron(
+            &"x".repeat(53),
+            serde_json::json!({"schedule": "@daily", "task": task()}),
+        );
+        assert!(
+            validate(&long, "u-1")
+                .unwrap_err()
+                .starts_with("metadata.name: at most 52")
+        );
+        let ok = cron(
+            "c",
+            serde_json::json!({"schedule": "*/5 * * * * *", "jitterSeconds": 30, "task": task()}),
+        );
+        let (_, policy) = validate(&ok, "u-1").unwrap();
+        assert_eq!(policy.jitter, core::jitter_offset("u-1", 30));
+        assert_eq!(policy.misfire, crate::api::MisfirePolicy::Skip);
+    }
+
+    #[test]
+    fn children_are_named_labelled_and_owned_for_their_time() {
+        let c = cron(
+            "nightly",
+            serde_json::json!({"schedule": "@daily", "task": task()}),
+        );
+        let scheduled = Timestamp::from_second(1_767_225_600).unwrap();
+        let firing = core::Firing {
+            scheduled,
+            name: core::child_name("nightly", scheduled),
+            catch_up: true,
+        };
+        let meta = child_metadata(&c, "u-1", &firing);
+        assert_eq!(meta.name.as_deref(), Some("nightly-1767225600"));
+        let labels = meta.labels.clone().unwrap();
+        assert_eq!(labels[LABEL_CRON], "nightly");
+        assert_eq!(labels[LABEL_SCHEDULED_TIME], "1767225600");
+        assert_eq!(meta.annotations.unwrap()[ANNOTATION_CATCH_UP], "true");
+        let owner = &meta.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("AxCron", "u-1", Some(true))
+        );
+
+        let child = AxTask {
+            metadata: ObjectMeta {
+                labels: None,
+                ..child_metadata(&c, "u-1", &firing)
+            },
+            spec: serde_json::from_value(task()).unwrap(),
+            status: None,
+        };
+        // Without the label the name's suffix still gives the time.
+        assert_eq!(scheduled_time(&child, "nightly-"), Some(scheduled));
+    }
+
+    #[test]
+    fn status_counts_active_children_and_keeps_the_newest_times() {
+        let c = cron(
+            "c",
+            serde_json::json!({"schedule": "@daily", "task": task(), "suspend": true}),
+        );
+        let t = |s: i64| Timestamp::from_second(s).unwrap();
+        let children = [
+            ChildState {
+                name: "c-100".into(),
+                scheduled: t(100),
+                kind: ChildKind::Task,
+                outcome: Outcome::Succeeded(Some(t(150))),
+                canceling: false,
+            },
+            ChildState {
+                name: "c-200".into(),
+                scheduled: t(200),
+                kind: ChildKind::Task,
+                outcome: Outcome::Active,
+                canceling: false,
+            },
+        ];
+        let before = AxCronStatus {
+            last_successful_time: Some(t(120)),
+            ..Default::default()
+        };
+        let status = status_with(&c, &before, &children, Some(&Decision::default()), None);
+        assert_eq!(status.active, ["c-200"]);
+        assert_eq!(status.active_count, 1);
+        assert_eq!(status.last_schedule_time, Some(t(200)));
+        assert_eq!(status.last_successful_time, Some(t(150)));
+        let suspended = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Suspended")
+            .unwrap();
+        assert_eq!(suspended.status, "True");
+        let invalid = status_with(&c, &before, &children, None, Some("bad"));
+        let condition = invalid
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "InvalidSpec")
+            .unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.message.as_str()),
+            ("True", "bad")
+        );
+        assert_eq!(invalid.next_schedule_time, None);
+    }
+
+    #[test]
+    fn times_in_events_show_the_zone_wall_clock() {
+        let berlin = Schedule::parse("@daily", "Europe/Berlin").unwrap();
+        let t: Timestamp = "2025-03-30T01:00:00Z".parse().unwrap();
+        assert_eq!(
+            when(&berlin, t),
+            "2025-03-30T01:00:00Z (2025-03-30 03:00:00 Europe/Berlin)"
+        );
+        let utc = Schedule::parse("@daily", "UTC").unwrap();
+        assert_eq!(when(&utc, t), "2025-03-30T01:00:00Z");
+    }
+}
