@@ -158,7 +158,7 @@ async fn dispatch(key: &TaskKey, queue_name: &str, ctx: &Ctx) -> Result<bool, Er
                 if let Some(queued_at) = status.queued_at {
                     let latency = Timestamp::now().duration_since(queued_at);
                     let latency = Duration::try_from(latency).unwrap_or_default();
-                    ctx.metrics.dispatched(latency);
+                    ctx.metrics.dispatched(queue_name, latency);
                     debug!(
                         namespace = key.0,
                         name = key.1,

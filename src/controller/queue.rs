@@ -228,6 +228,8 @@ pub struct QueueReport {
     pub exists: bool,
     pub pending: [(Priority, usize); 4],
     pub running: usize,
+    /// The concurrency limit in force.
+    pub concurrency: u32,
     pub open_circuits: Vec<String>,
     pub dispatched: i64,
     pub dead: i64,
@@ -525,6 +527,7 @@ impl Registry {
                     exists,
                     pending: stats.pending,
                     running: stats.running,
+                    concurrency: entry.dispatcher.config().concurrency,
                     open_circuits,
                     dispatched: entry.dispatched_base.saturating_add(entry.dispatched),
                     dead: entry.dead_base.saturating_add(entry.dead),
@@ -802,6 +805,12 @@ fn report_metrics(ctx: &Ctx, reports: &[QueueReport]) {
             .iter()
             .map(move |(priority, n)| ((r.name.clone(), priority.as_str()), *n))
     }));
+    ctx.metrics.set_queue_slots(
+        reports
+            .iter()
+            .filter(|r| r.exists)
+            .map(|r| (r.name.as_str(), r.running, r.concurrency)),
+    );
     for report in reports {
         for task_type in &report.open_circuits {
             ctx.metrics.set_circuit_open(&report.name, task_type, true);
