@@ -46,7 +46,7 @@ PIN
 
 debian_packages() {
   local want=(etcd-server containerd runc containernetworking-plugins busybox-static podman
-    openssl jq rsync gcc make iproute2 iptables curl)
+    openssl jq rsync gcc make iproute2 iptables curl prometheus)
   local missing=()
   for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -55,13 +55,18 @@ debian_packages() {
     log "apt-get install ${missing[*]}"
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
-  # The Debian etcd and containerd packages start their own services; ours run under the harness.
-  for svc in etcd containerd; do
+  # The Debian etcd, containerd and prometheus packages start their own services; ours run under
+  # the harness (the e2e tests start prometheus themselves, with their own config and data).
+  for svc in etcd containerd prometheus; do
     if command -v systemctl >/dev/null && systemctl is-active -q "$svc" 2>/dev/null; then
       systemctl stop "$svc" || true
       systemctl disable "$svc" >/dev/null 2>&1 || true
     fi
   done
+  # Without systemd, prometheus's postinst may have started it through its init script.
+  if [ -x /etc/init.d/prometheus ] && /etc/init.d/prometheus status >/dev/null 2>&1; then
+    /etc/init.d/prometheus stop >/dev/null || true
+  fi
 }
 
 kubectl_helm() {

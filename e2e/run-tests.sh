@@ -86,6 +86,10 @@ HELM=$(command -v helm)
 export HELM
 
 run_phase "helm lint" "$HELM" lint --strict charts/ax-operator
+# The chart's PrometheusRule and Grafana dashboard as rendered by helm: promtool check + alert unit
+# tests (tests/monitoring/alerts.test.yaml). No cluster needed; promtool comes with Debian's
+# prometheus, which install.sh installs.
+run_phase "chart monitoring (promtool)" cargo test --test chart_monitoring
 
 phase "install CRDs, RBAC, operator"
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
@@ -94,8 +98,10 @@ kubectl apply -f config/rbac.yaml >/dev/null
 e2e/cluster.sh sa-kubeconfig ax-system ax-operator "$STATE/ax-operator.kubeconfig"
 export AX_OPERATOR_KUBECONFIG=$STATE/ax-operator.kubeconfig
 export AX_OPERATOR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/ax-operator
+# Where the shared operator serves /metrics; tests/e2e_prometheus.rs points its Prometheus there.
+export AX_OPERATOR_METRICS_ADDR=127.0.0.1:18080
 start_operator() {
-  KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} AX_METRICS_ADDR=127.0.0.1:18080 \
+  KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} AX_METRICS_ADDR=$AX_OPERATOR_METRICS_ADDR \
     "$AX_OPERATOR_BIN" --identity e2e >>"$ARTIFACTS/operator.log" 2>&1 &
   OPERATOR_PID=$!
 }

@@ -177,6 +177,12 @@ fn report_metrics(ctx: &Ctx, reports: &[QueueReport]) {
             .iter()
             .map(move |(priority, n)| ((r.name.clone(), priority.as_str()), *n))
     }));
+    ctx.metrics.set_queue_slots(
+        reports
+            .iter()
+            .filter(|r| r.exists)
+            .map(|r| (r.name.as_str(), r.running, r.concurrency)),
+    );
     for report in reports {
         for task_type in &report.open_circuits {
             ctx.metrics.set_circuit_open(&report.name, task_type, true);

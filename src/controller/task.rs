@@ -318,8 +318,10 @@ async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> 
             if let Some(queued_at) = status.queued_at {
                 // Dispatch latency: from eligible (queuedAt) to the worker pod created.
                 let latency = Timestamp::now().duration_since(queued_at);
-                ctx.metrics
-                    .dispatched(Duration::try_from(latency).unwrap_or_default());
+                ctx.metrics.dispatched(
+                    &task.spec.queue,
+                    Duration::try_from(latency).unwrap_or_default(),
+                );
             }
             Ok(Created::Yes)
         }

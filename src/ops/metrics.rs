@@ -64,6 +64,11 @@ pub struct DeadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueuePriorityLabels {
     pub queue: String,
     pub priority: String,
@@ -127,12 +132,14 @@ pub struct Metrics {
     registry: Registry,
     tasks: SnapshotGauges<TaskCountLabels>,
     transitions: Family<TransitionLabels, Counter>,
-    dispatch_latency: Histogram,
+    dispatch_latency: Family<QueueLabels, Histogram>,
     task_duration: Family<OutcomeLabels, Histogram>,
     retries: Family<RetryLabels, Counter>,
     dead_tasks: Family<DeadLabels, Counter>,
     queue_pending: SnapshotGauges<QueuePriorityLabels>,
     queue_wait: Family<QueuePriorityLabels, Histogram>,
+    queue_running: SnapshotGauges<QueueLabels>,
+    queue_concurrency: SnapshotGauges<QueueLabels>,
     circuit_open: Family<CircuitLabels, Gauge>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
     reconcile_errors: Family<ControllerLabels, Counter>,
@@ -163,12 +170,14 @@ impl Metrics {
             registry: Registry::default(),
             tasks: SnapshotGauges::new(),
             transitions: Family::default(),
-            dispatch_latency: fast_histogram(),
+            dispatch_latency: Family::new_with_constructor(fast_histogram),
             task_duration: Family::new_with_constructor(task_duration_histogram),
             retries: Family::default(),
             dead_tasks: Family::default(),
             queue_pending: SnapshotGauges::new(),
             queue_wait: Family::new_with_constructor(wait_histogram),
+            queue_running: SnapshotGauges::new(),
+            queue_concurrency: SnapshotGauges::new(),
             circuit_open: Family::default(),
             reconcile_duration: Family::new_with_constructor(fast_histogram),
             reconcile_errors: Family::default(),
@@ -191,7 +200,7 @@ impl Metrics {
         );
         r.register(
             "ax_dispatch_latency_seconds",
-            "Time from queuedAt to the worker pod being created",
+            "Time from queuedAt to the worker pod being created, by queue",
             self.dispatch_latency.clone(),
         );
         r.register(
@@ -218,6 +227,16 @@ impl Metrics {
             "ax_queue_wait_seconds",
             "Time a task waited in its queue bucket before dispatch",
             self.queue_wait.clone(),
+        );
+        r.register(
+            "ax_queue_running",
+            "Tasks of each queue holding a concurrency slot (Scheduled or Running)",
+            self.queue_running.family.clone(),
+        );
+        r.register(
+            "ax_queue_concurrency",
+            "Concurrency limit in force for each queue (0 pauses it)",
+            self.queue_concurrency.family.clone(),
         );
         r.register(
             "ax_circuit_open",
@@ -271,9 +290,13 @@ impl Metrics {
             .inc();
     }
 
-    /// A worker pod was created `latency` after its task was queued.
-    pub fn dispatched(&self, latency: Duration) {
-        self.dispatch_latency.observe(latency.as_secs_f64());
+    /// A worker pod of a task in `queue` was created `latency` after the task was queued.
+    pub fn dispatched(&self, queue: &str, latency: Duration) {
+        self.dispatch_latency
+            .get_or_create(&QueueLabels {
+                queue: queue.to_owned(),
+            })
+            .observe(latency.as_secs_f64());
     }
 
     /// An attempt of a task of `task_type` ended in phase `outcome` after running for `duration`.
@@ -321,6 +344,26 @@ impl Metrics {
                 };
                 (labels, n)
             }));
+    }
+
+    /// Replaces all of `ax_queue_running` and `ax_queue_concurrency` with `slots` of
+    /// `(queue, running, concurrency)`: queues absent from `slots` disappear from both.
+    pub fn set_queue_slots<Q>(&self, slots: impl IntoIterator<Item = (Q, usize, u32)>)
+    where
+        Q: AsRef<str>,
+    {
+        let (running, concurrency): (Vec<_>, Vec<_>) = slots
+            .into_iter()
+            .map(|(queue, running, concurrency)| {
+                let labels = QueueLabels {
+                    queue: queue.as_ref().to_owned(),
+                };
+                let concurrency = usize::try_from(concurrency).unwrap_or(usize::MAX);
+                ((labels.clone(), running), (labels, concurrency))
+            })
+            .unzip();
+        self.queue_running.replace(running);
+        self.queue_concurrency.replace(concurrency);
     }
 
     /// A task left its queue bucket after waiting `wait`.
@@ -410,12 +453,13 @@ mod tests {
         let metrics = Metrics::new();
         metrics.set_task_counts([(("default", "resize", "Pending"), 2)]);
         metrics.transition("Pending", "Scheduled");
-        metrics.dispatched(Duration::from_millis(20));
+        metrics.dispatched("default", Duration::from_millis(20));
         metrics.task_finished("resize", "Succeeded", Duration::from_secs(3));
         metrics.retried("resize", "Retryable");
         metrics.dead("resize", "RetriesExhausted");
         metrics.set_queue_pending([(("default", "Normal"), 1)]);
         metrics.queue_waited("default", "Normal", Duration::from_millis(5));
+        metrics.set_queue_slots([("default", 3, 10)]);
         metrics.set_circuit_open("default", "resize", true);
         drop(metrics.reconcile_timer("axtask"));
         metrics.reconcile_error("axtask");
@@ -431,6 +475,8 @@ mod tests {
             ("counter", "ax_dead_tasks"),
             ("gauge", "ax_queue_pending"),
             ("histogram", "ax_queue_wait_seconds"),
+            ("gauge", "ax_queue_running"),
+            ("gauge", "ax_queue_concurrency"),
             ("gauge", "ax_circuit_open"),
             ("histogram", "ax_reconcile_duration_seconds"),
             ("counter", "ax_reconcile_errors"),
@@ -444,11 +490,14 @@ mod tests {
         for series in [
             r#"ax_tasks{queue="default",type="resize",phase="Pending"}"#,
             r#"ax_task_transitions_total{from="Pending",to="Scheduled"}"#,
+            r#"ax_dispatch_latency_seconds_count{queue="default"}"#,
             r#"ax_task_duration_seconds_count{type="resize",outcome="Succeeded"}"#,
             r#"ax_retries_total{type="resize",kind="Retryable"}"#,
             r#"ax_dead_tasks_total{type="resize",reason="RetriesExhausted"}"#,
             r#"ax_queue_pending{queue="default",priority="Normal"}"#,
             r#"ax_queue_wait_seconds_count{queue="default",priority="Normal"}"#,
+            r#"ax_queue_running{queue="default"}"#,
+            r#"ax_queue_concurrency{queue="default"}"#,
             r#"ax_circuit_open{queue="default",type="resize"}"#,
             r#"ax_reconcile_duration_seconds_count{controller="axtask"}"#,
             r#"ax_reconcile_errors_total{controller="axtask"}"#,
@@ -467,8 +516,9 @@ mod tests {
     fn histogram_counts_equal_observations() {
         let metrics = Metrics::new();
         for millis in [1, 7, 300, 12_000] {
-            metrics.dispatched(Duration::from_millis(millis));
+            metrics.dispatched("q", Duration::from_millis(millis));
         }
+        metrics.dispatched("other", Duration::from_millis(1));
         metrics.queue_waited("q", "High", Duration::from_secs(1));
         metrics.queue_waited("q", "High", Duration::from_secs(2));
         metrics.queue_waited("q", "Low", Duration::from_secs(3));
@@ -478,22 +528,35 @@ mod tests {
         let text = metrics.encode().expect("encode");
 
         assert_eq!(
-            sample(&text, "ax_dispatch_latency_seconds_count"),
+            sample(&text, r#"ax_dispatch_latency_seconds_count{queue="q"}"#),
             Some(4.0)
         );
-        let sum = sample(&text, "ax_dispatch_latency_seconds_sum").expect("sum");
+        assert_eq!(
+            sample(&text, r#"ax_dispatch_latency_seconds_count{queue="other"}"#),
+            Some(1.0)
+        );
+        let sum = sample(&text, r#"ax_dispatch_latency_seconds_sum{queue="q"}"#).expect("sum");
         assert!((sum - 12.308).abs() < 1e-9, "sum {sum}");
         // Buckets are cumulative: 1 ms and 7 ms are under 10 ms; 12 s only lands in +Inf.
         assert_eq!(
-            sample(&text, r#"ax_dispatch_latency_seconds_bucket{le="0.01"}"#),
+            sample(
+                &text,
+                r#"ax_dispatch_latency_seconds_bucket{le="0.01",queue="q"}"#
+            ),
             Some(2.0)
         );
         assert_eq!(
-            sample(&text, r#"ax_dispatch_latency_seconds_bucket{le="10.0"}"#),
+            sample(
+                &text,
+                r#"ax_dispatch_latency_seconds_bucket{le="10.0",queue="q"}"#
+            ),
             Some(3.0)
         );
         assert_eq!(
-            sample(&text, r#"ax_dispatch_latency_seconds_bucket{le="+Inf"}"#),
+            sample(
+                &text,
+                r#"ax_dispatch_latency_seconds_bucket{le="+Inf",queue="q"}"#
+            ),
             Some(4.0)
         );
         assert_eq!(
@@ -593,6 +656,28 @@ mod tests {
         assert_eq!(
             sample(&text, r#"ax_circuit_open{queue="default",type="resize"}"#),
             Some(0.0)
+        );
+    }
+
+    #[test]
+    fn set_queue_slots_replaces_running_and_concurrency_together() {
+        let metrics = Metrics::new();
+        metrics.set_queue_slots([("default", 7, 100), ("batch", 2, 2)]);
+        metrics.set_queue_slots([("default", 0, 0)]);
+        let text = metrics.encode().expect("encode");
+
+        assert_eq!(
+            sample(&text, r#"ax_queue_running{queue="default"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, r#"ax_queue_concurrency{queue="default"}"#),
+            Some(0.0),
+            "a paused queue shows concurrency 0"
+        );
+        assert!(
+            !text.contains(r#"queue="batch""#),
+            "a queue gone from the snapshot kept its series:\n{text}"
         );
     }
 

@@ -86,6 +86,8 @@ pub struct QueueReport {
     pub exists: bool,
     pub pending: [(Priority, usize); 4],
     pub running: usize,
+    /// The concurrency limit in force.
+    pub concurrency: u32,
     pub open_circuits: Vec<String>,
     pub dispatched: i64,
     pub dead: i64,
@@ -366,6 +368,7 @@ impl Registry {
                     exists,
                     pending: stats.pending,
                     running: stats.running,
+                    concurrency: entry.dispatcher.config().concurrency,
                     open_circuits,
                     dispatched: entry.dispatched_base.saturating_add(entry.dispatched),
                     dead: entry.dead_base.saturating_add(entry.dead),
