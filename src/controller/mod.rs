@@ -9,6 +9,7 @@
 //! - `write`: every status write and the reading of API status codes.
 //! - `run`: the wiring.
 
+pub mod cache;
 pub mod callback;
 pub mod cron;
 pub mod dag;

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
-use super::{Context, Queues, Tracking, dispatch, queue, task};
+use super::{Context, Queues, Tracking, cache, dispatch, queue, task};
 use crate::api::{AxQueue, AxTask};
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
@@ -37,10 +37,17 @@ pub async fn run(
     let nodes_api: Api<Node> = Api::all(client.clone());
     let queues_api: Api<AxQueue> = Api::all(client.clone());
 
+    // Listed from the API server's watch cache (`any_semantic`): a restart with 100,000 tasks is a
+    // single list each, not a quorum read of etcd page by page.
     let (pods, pods_writer) = reflector::store();
     let pod_events = reflector::reflector(
         pods_writer,
-        watcher(pods_api, watcher::Config::default().labels(LABEL_TASK)).default_backoff(),
+        watcher(
+            pods_api,
+            watcher::Config::default().labels(LABEL_TASK).any_semantic(),
+        )
+        .default_backoff()
+        .modify(cache::pod),
     )
     .touched_objects();
 
@@ -59,7 +66,15 @@ pub async fn run(
 
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
     let (wake, woken) = futures::channel::mpsc::unbounded();
-    let controller = Controller::new(tasks_api, watcher::Config::default())
+    let (tasks, tasks_writer) = reflector::store();
+    let task_events = reflector::reflector(
+        tasks_writer,
+        watcher(tasks_api, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(cache::task),
+    )
+    .touched_objects();
+    let controller = Controller::for_stream(task_events, tasks)
         .owns_stream(pod_events)
         .reconcile_on(woken);
     let reporter = Reporter {

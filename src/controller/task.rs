@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
 use super::write::{self, ApiError, api_message};
-use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, version_of};
+use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, cache, version_of};
 use crate::api::{AxTask, HistoryEntry, TaskPhase};
 use crate::core::queue::pending_of;
 use crate::core::task::{
@@ -59,7 +59,8 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
         return Ok(Requeue::await_change());
     }
     let callback = ctx.tracking.take_callback(&key);
-    let spec_error = core::validate(&task.spec).err();
+    let spec_error = cache::spec_error(&task);
+    let main_has_probe = cache::main_has_probe(&task);
     let mut current = task;
     let mut refused: Option<Refusal> = None;
     // At most twice: a pod the API server refuses is recorded in a second decision.
@@ -77,7 +78,8 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
             spec: &current.spec,
             status: &status,
             generation: current.metadata.generation,
-            spec_error: spec_error.as_ref(),
+            spec_error: spec_error.as_deref(),
+            main_has_probe,
             pods: &pods,
             granted,
             held: held
@@ -298,6 +300,22 @@ enum Created {
 /// Creates the worker pod of the current attempt.
 async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> {
     let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let full;
+    let task = if cache::is_stripped(task) {
+        // The cache keeps no pod templates (see `cache`). Only a pod missing outside the dispatch
+        // path (a restart, an expectation that ran out) gets here: a dispatch builds its pod from
+        // the whole task its status write returned.
+        let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
+        match api.get_opt(&task.name_any()).await? {
+            Some(fresh) => {
+                full = fresh;
+                &full
+            }
+            None => return Ok(Created::Yes),
+        }
+    } else {
+        task
+    };
     let status = task.status.clone().unwrap_or_default();
     let payload = task
         .spec
