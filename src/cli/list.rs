@@ -187,17 +187,29 @@ async fn watch(ctx: &Ctx, args: &ListArgs, filter: &TaskFilter) -> Result<(), Cl
     let mut initial: Vec<AxTask> = Vec::new();
     // The resourceVersion last printed per task: a re-list after a watch restart repeats nothing.
     let mut printed: BTreeMap<(String, String), String> = BTreeMap::new();
+    let mut listed = false;
     loop {
         let event = match stream.try_next().await {
             Ok(Some(event)) => event,
             Ok(None) => return Ok(()),
-            Err(e) => return Err(watch_error(&op, e)),
+            // Before the first list, an error says why nothing can be watched (403, no CRDs);
+            // later ones are interruptions the watcher recovers from.
+            Err(e) if !listed => return Err(watch_error(&op, e)),
+            Err(e) => {
+                eprintln!(
+                    "warning: watch interrupted ({}); resuming",
+                    watch_error(&op, e)
+                );
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
         };
         let mut changed: Vec<AxTask> = Vec::new();
         match event {
             watcher::Event::Init => initial.clear(),
             watcher::Event::InitApply(t) => initial.push(t),
             watcher::Event::InitDone => {
+                listed = true;
                 sort_tasks(&mut initial);
                 changed = std::mem::take(&mut initial);
             }

@@ -99,3 +99,36 @@ async fn version(ctx: &Ctx) -> Result<(), CliError> {
     )?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_krew_manifest_installs_this_binary_at_this_version() {
+        let template = include_str!("../../plugins/ax.yaml")
+            .replace("@VERSION@", env!("CARGO_PKG_VERSION"))
+            .replace("@URI@", "https://example.org/kubectl-ax.tar.gz")
+            .replace("@SHA256@", &"0".repeat(64));
+        let manifest: serde_json::Value = serde_yaml::from_str(&template).expect("YAML");
+        assert_eq!(manifest["kind"], "Plugin");
+        assert_eq!(manifest["metadata"]["name"], "ax", "`kubectl ax`");
+        assert_eq!(
+            manifest["spec"]["version"],
+            format!("v{}", env!("CARGO_PKG_VERSION"))
+        );
+        let platform = &manifest["spec"]["platforms"][0];
+        assert_eq!(platform["bin"], "kubectl-ax");
+        assert_eq!(platform["files"][0]["from"], "kubectl-ax");
+        assert_eq!(
+            Cli::command().get_name(),
+            "kubectl-ax",
+            "the binary kubectl runs as `kubectl ax`"
+        );
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -108,7 +108,17 @@ pub async fn run(ctx: &Ctx, args: &TopArgs) -> Result<(), CliError> {
         let event = match stream.try_next().await {
             Ok(Some(e)) => e,
             Ok(None) => return Ok(()),
-            Err(e) => return Err(watch_error(&watch_op, e)),
+            // Before the first list, an error says why nothing can be watched (403, no CRDs);
+            // later ones are interruptions the watcher recovers from.
+            Err(e) if !ready => return Err(watch_error(&watch_op, e)),
+            Err(e) => {
+                eprintln!(
+                    "warning: watch interrupted ({}); resuming",
+                    watch_error(&watch_op, e)
+                );
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
         };
         match event {
             watcher::Event::Init => listing.clear(),

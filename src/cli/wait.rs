@@ -97,10 +97,21 @@ where
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let stream = watcher(api, config);
     let mut stream = std::pin::pin!(stream);
+    let mut listed = false;
     loop {
-        match stream.try_next().await.map_err(|e| watch_error(&op, e))? {
+        let event = match stream.try_next().await {
+            Ok(event) => event,
+            // The first list failing says why (403, no CRDs); later errors are interruptions.
+            Err(e) if !listed => return Err(watch_error(&op, e)),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        match event {
             None => return Err(CliError::Unreachable("the watch ended".into())),
-            Some(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Some(watcher::Event::Init) => {}
+            Some(watcher::Event::InitDone) => listed = true,
             Some(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
                 let state = decide(&o);
                 if !matches!(state, WaitState::Waiting(_)) {

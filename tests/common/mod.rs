@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
