@@ -266,6 +266,9 @@ async fn wait_fails_for_a_task_that_ends_otherwise_and_on_timeout() {
 async fn list_watch_prints_each_change() {
     let client = client().await;
     let ns = namespace(&client, "cli-watch").await;
+    // One finished task, so the initial list prints something: then the watch is known to run.
+    create(&client, &ns, &sim_task("before", 100, 0, json!({}))).await;
+    wait_phase(&client, &ns, "before", TaskPhase::Succeeded, LONG).await;
     let mut child = Command::new(bin())
         .args(["list", "--watch", "-n", &ns])
         .stdout(Stdio::piped())
@@ -281,36 +284,29 @@ async fn list_watch_prints_each_change() {
             }
         }
     });
-    // Let the watch start (an empty list prints nothing), then make changes.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let next_line = |what: &str| {
+        lines_rx
+            .recv_timeout(LONG)
+            .unwrap_or_else(|_| panic!("no {what} from list --watch"))
+    };
+    assert!(next_line("header").starts_with("NAME "));
+    assert!(next_line("initial row").starts_with("before "));
+
     create(&client, &ns, &sim_task("watched", 300, 0, json!({}))).await;
-    let deadline = Instant::now() + LONG;
-    let mut seen: Vec<String> = Vec::new();
+    let mut rows: Vec<String> = Vec::new();
     loop {
-        match lines_rx.recv_timeout(Duration::from_millis(500)) {
-            Ok(line) => {
-                let done = line.starts_with("watched ") && line.contains(" Succeeded ");
-                seen.push(line);
-                if done {
-                    break;
-                }
-            }
-            Err(_) => assert!(
-                Instant::now() < deadline,
-                "no Succeeded row from --watch: {seen:#?}"
-            ),
+        let line = next_line("row of the new task");
+        let done = line.starts_with("watched ") && line.contains(" Succeeded ");
+        rows.push(line);
+        if done {
+            break;
         }
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(seen[0].starts_with("NAME "), "a header first: {seen:#?}");
-    let phases: Vec<&str> = seen[1..]
-        .iter()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .collect();
     assert!(
-        phases.len() >= 2 && phases.contains(&"Succeeded"),
-        "one row per change: {seen:#?}"
+        rows.len() >= 2 && rows.iter().all(|l| l.starts_with("watched ")),
+        "one row per change of the new task: {rows:#?}"
     );
 }
 
