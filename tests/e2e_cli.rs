@@ -76,6 +76,7 @@ fn rerun_entries(t: &AxTask) -> usize {
 #[tokio::test]
 async fn submit_wait_list_and_describe_a_task() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-submit").await;
 
     let submitted = ax(
@@ -235,6 +236,7 @@ fn history_of(t: &AxTask) -> Vec<(String, String)> {
 #[tokio::test]
 async fn wait_fails_for_a_task_that_ends_otherwise_and_on_timeout() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-wait").await;
     create(&client, &ns, &sim_task("doomed", 200, 1, json!({}))).await;
     let dead = ax_async(
@@ -265,6 +267,7 @@ async fn wait_fails_for_a_task_that_ends_otherwise_and_on_timeout() {
 #[tokio::test]
 async fn list_watch_prints_each_change() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-watch").await;
     // One finished task, so the initial list prints something: then the watch is known to run.
     create(&client, &ns, &sim_task("before", 100, 0, json!({}))).await;
@@ -313,6 +316,7 @@ async fn list_watch_prints_each_change() {
 #[tokio::test]
 async fn logs_of_each_attempt() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-logs").await;
     create(
         &client,
@@ -345,6 +349,7 @@ async fn logs_of_each_attempt() {
 #[tokio::test]
 async fn cancel_by_selector_cancels_twenty_running_tasks() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-cancel").await;
     let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
     for i in 0..20 {
@@ -471,6 +476,7 @@ fn queue_status_cells(q: &AxQueue) -> Vec<String> {
 #[tokio::test]
 async fn top_shows_the_queue_status_while_tasks_flow() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-top").await;
     let name = format!("e2e-cli-top-{:04x}", rand::random::<u16>());
     let queues: Api<AxQueue> = Api::all(client.clone());
@@ -571,6 +577,7 @@ fn sim_step(millis: u64) -> serde_json::Value {
 #[tokio::test]
 async fn dag_draws_the_graph_by_levels() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-dag").await;
     let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
     let dag = dag_manifest(
@@ -637,6 +644,7 @@ async fn dag_draws_the_graph_by_levels() {
 #[tokio::test]
 async fn concurrent_retries_request_one_re_run() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-race").await;
     // Dead after attempt 1; a re-run (attempt 2) keeps running, so it cannot finish and be
     // re-run again while the concurrent retries below look at it.
@@ -716,6 +724,7 @@ async fn read_only_kubeconfig(client: &Client, ns: &str) -> tempfile::TempPath {
 #[tokio::test]
 async fn errors_are_one_line_with_a_non_zero_exit() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-errors").await;
 
     // Unknown task: the namespace searched is named.
@@ -860,6 +869,7 @@ async fn errors_are_one_line_with_a_non_zero_exit() {
 #[tokio::test]
 async fn make_run_puts_kubectl_ax_on_the_path_of_cluster_env() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-path").await;
     let cache = tempfile::tempdir().unwrap();
     let root = repo_root();
@@ -908,6 +918,7 @@ async fn make_run_puts_kubectl_ax_on_the_path_of_cluster_env() {
 #[tokio::test]
 async fn retry_re_runs_a_dead_task_as_a_new_attempt() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-rerun").await;
     let (seen, watch) = record_worker_pods(&client, &ns);
     // Fails on attempt 1 with no retries left; succeeds on any later attempt.
@@ -991,13 +1002,24 @@ async fn retry_re_runs_a_dead_task_as_a_new_attempt() {
     );
 }
 
+/// Removes a directory of the host when the test ends, also when it fails.
+struct RemoveDir(String);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[tokio::test]
 async fn retry_of_a_dag_re_runs_only_the_dead_branch() {
     let client = client().await;
+    operator_leading(&client).await;
     let ns = namespace(&client, "cli-dag-retry").await;
     let (seen, watch) = record_worker_pods(&client, &ns);
     // b fails the first time it runs on this node and succeeds after: a marker on the host.
     let marker_dir = format!("/tmp/ax-e2e-cli/{ns}");
+    let _cleanup = RemoveDir(marker_dir.clone());
     let flaky = json!({
         "type": "cli-step",
         "retry": {"maxRetries": 0},
@@ -1067,7 +1089,6 @@ async fn retry_of_a_dag_re_runs_only_the_dead_branch() {
     .await
     .ok();
     watch.abort();
-    let _ = std::fs::remove_dir_all(&marker_dir);
     let seen = seen.lock().unwrap();
     let runs = |task: &str| -> usize {
         seen.iter()

@@ -15,7 +15,18 @@ use kube::Client;
 use kube::api::Api;
 use serde_json::json;
 
-fn start_operator(tag: &str) -> Child {
+/// An operator process of this test, SIGKILLed when dropped (also when the test fails), so none
+/// outlives it into the next test.
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_operator(tag: &str) -> Operator {
     let bin = std::env::var("AX_OPERATOR_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
     let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
@@ -26,7 +37,7 @@ fn start_operator(tag: &str) -> Child {
         .append(true)
         .open(log_dir.join("operator-cli-restart.log"))
         .unwrap();
-    Command::new(bin)
+    let child = Command::new(bin)
         .args(["--identity", tag])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,ax=debug")
@@ -34,12 +45,14 @@ fn start_operator(tag: &str) -> Child {
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
-        .expect("start ax-operator")
+        .expect("start ax-operator");
+    Operator(child)
 }
 
-fn sigkill(child: &mut Child) {
-    child.kill().expect("SIGKILL the operator");
-    child.wait().unwrap();
+fn sigkill(operator: &mut Operator) {
+    // Child::kill sends SIGKILL: no chance to release the lease, like a node or OOM kill.
+    operator.0.kill().expect("SIGKILL the operator");
+    operator.0.wait().unwrap();
 }
 
 /// Dead after its first attempt (no retries); any later attempt succeeds.
@@ -111,14 +124,21 @@ async fn a_rerun_request_survives_an_operator_sigkill() {
         .ok();
 
     let mut operator = start_operator("cli-restart-b");
-    for name in ["before-kill", "while-down"] {
-        let r = ax_async(
-            &ns,
-            &["wait", name, "--for", "succeeded", "--timeout", "3m"],
-        )
-        .await;
-        assert_eq!(r.code, 0, "{name}: {r:#?}");
-    }
+    operator_leading(&client).await;
+    let r = ax_async(
+        &ns,
+        &[
+            "wait",
+            "before-kill",
+            "while-down",
+            "--for",
+            "succeeded",
+            "--timeout",
+            "2m",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{r:#?}");
     // Give a duplicate every chance to show up.
     tokio::time::sleep(Duration::from_secs(5)).await;
     sigkill(&mut operator);

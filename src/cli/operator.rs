@@ -113,20 +113,30 @@ pub async fn state(ctx: &Ctx) -> Result<OperatorState, CliError> {
     }
 }
 
-/// Fails with `OperatorNotRunning` when the Lease shows no live operator (skipped with
-/// `--skip-operator-check`).
+/// How long `check` keeps looking before it calls the operator not running: an operator that
+/// just started takes a moment to acquire its Lease, and a script may start both at once.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Fails with `OperatorNotRunning` when the Lease shows no live operator for `GRACE` (skipped
+/// with `--skip-operator-check`).
 pub async fn check(ctx: &Ctx) -> Result<(), CliError> {
     if ctx.global.skip_operator_check {
         return Ok(());
     }
-    let state = state(ctx).await?;
-    match state.not_running_because() {
-        None => Ok(()),
-        Some(why) => Err(CliError::OperatorNotRunning {
-            namespace: ctx.global.operator_namespace.clone(),
-            lease: ctx.global.operator_lease.clone(),
-            why,
-        }),
+    let deadline = std::time::Instant::now() + GRACE;
+    loop {
+        let state = state(ctx).await?;
+        let Some(why) = state.not_running_because() else {
+            return Ok(());
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(CliError::OperatorNotRunning {
+                namespace: ctx.global.operator_namespace.clone(),
+                lease: ctx.global.operator_lease.clone(),
+                why,
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
 

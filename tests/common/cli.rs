@@ -99,3 +99,29 @@ pub fn table_rows(text: &str) -> Vec<std::collections::BTreeMap<String, String>>
         })
         .collect()
 }
+
+/// Waits until an operator holds its Lease in ax-system: the runner starts it just before the
+/// tests, and until it leads, kubectl-ax rightly refuses to act.
+pub async fn operator_leading(client: &kube::Client) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), "ax-system");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let lease = leases
+            .get_opt("ax-operator")
+            .await
+            .expect("read the operator Lease");
+        let state = ax::cli::operator::lease_state(
+            lease.and_then(|l| l.spec).as_ref(),
+            jiff::Timestamp::now(),
+        );
+        if state.not_running_because().is_none() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no operator leads after 60s: {state:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
