@@ -109,7 +109,7 @@ start_operator
 phase_done "install CRDs, RBAC, operator" ok
 
 # Tests that start, kill or install operators themselves run after the shared one is stopped.
-OWN_OPERATOR=(e2e_restart e2e_fencing_disruption e2e_cron_restart e2e_helm)
+OWN_OPERATOR=(e2e_restart e2e_fencing_disruption e2e_cron_restart e2e_cli_restart e2e_helm)
 shared=()
 for t in tests/e2e_*.rs; do
   name=$(basename "$t" .rs)
