@@ -68,7 +68,7 @@ cargo build --all-targets
 cargo build -p ax-sim --all-targets
 phase_done build ok
 
-unit_tests() { cargo test --lib --bins && cargo test -p ax-sim --bins; }
+unit_tests() { cargo test --lib --bins && cargo test -p ax-sim --lib --bins; }
 run_phase "unit and property tests" unit_tests
 run_phase "crds up to date" crds_fresh
 
