@@ -94,6 +94,9 @@ kubectl apply -f config/rbac.yaml >/dev/null
 e2e/cluster.sh sa-kubeconfig ax-system ax-operator "$STATE/ax-operator.kubeconfig"
 export AX_OPERATOR_KUBECONFIG=$STATE/ax-operator.kubeconfig
 export AX_OPERATOR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/ax-operator
+# The callback tests' receiver listens on 127.0.0.2: the operator calls it only because this
+# allowlist names it (127.0.0.1 stays refused, which another test checks).
+export AX_CALLBACK_ALLOW=${AX_CALLBACK_ALLOW:-127.0.0.2/32}
 start_operator() {
   KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} AX_METRICS_ADDR=127.0.0.1:18080 \
     "$AX_OPERATOR_BIN" --identity e2e >>"$ARTIFACTS/operator.log" 2>&1 &

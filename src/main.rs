@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ax::controller::run::{Settings, run};
+use ax::core::egress::Allowlist;
 use ax::ops::http::{self, HttpState};
 use ax::ops::leader::{LEASE_NAME, Leadership, LeaseSettings, Role};
 use ax::ops::metrics::Metrics;
@@ -46,6 +47,12 @@ struct Args {
     /// How often the leader renews the Lease (less than the duration).
     #[arg(long, env = "AX_RENEW_INTERVAL_SECONDS", default_value_t = 10)]
     renew_interval_seconds: u64,
+    /// Callback destinations admitted beyond public addresses, comma-separated. An address or CIDR
+    /// (`127.0.0.2`, `10.0.0.0/8`, `fd00::/8`) admits every address in it, loopback and link-local
+    /// included; a host suffix (`svc.cluster.local`) lets names equal to it or ending in it resolve
+    /// to private addresses. Everything else that is not public is refused (`CallbackRefused`).
+    #[arg(long, env = "AX_CALLBACK_ALLOW", value_delimiter = ',')]
+    callback_allow: Vec<String>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "AX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -67,6 +74,8 @@ async fn main() -> Result<(), BoxError> {
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+    let callback_allow = Allowlist::parse(args.callback_allow.iter().map(String::as_str))?;
+    info!(allow = %callback_allow, "callbacks go to public addresses and these");
     let client = kube::Client::try_default().await?;
 
     let metrics = Arc::new(Metrics::new());
@@ -85,6 +94,7 @@ async fn main() -> Result<(), BoxError> {
         default_queue_concurrency: args.concurrency,
         identity: identity.clone(),
         metrics: metrics.clone(),
+        callback_allow,
     };
     if !args.leader_elect {
         http_state.set_role_known(true);

@@ -26,6 +26,8 @@ pub struct Settings {
     /// Who we are, for history entries and Events (`ax-operator/<pod>`).
     pub identity: String,
     pub metrics: Arc<Metrics>,
+    /// Callback destinations admitted beyond public addresses (`--callback-allow`).
+    pub callback_allow: crate::core::egress::Allowlist,
 }
 
 pub async fn run(
@@ -73,7 +75,7 @@ pub async fn run(
         queued_copies: Mutex::new(HashMap::new()),
         dispatch_wanted: Notify::new(),
         operator: format!("ax-operator/{}", settings.identity),
-        callbacks: Callbacks::new()?,
+        callbacks: Callbacks::new(settings.callback_allow.clone())?,
         metrics: settings.metrics.clone(),
     });
 
