@@ -106,7 +106,7 @@ start_operator
 phase_done "install CRDs, RBAC, operator" ok
 
 # Tests that start, kill or install operators themselves run after the shared one is stopped.
-OWN_OPERATOR=(e2e_restart e2e_helm)
+OWN_OPERATOR=(e2e_restart e2e_readiness e2e_helm)
 shared=()
 for t in tests/e2e_*.rs; do
   name=$(basename "$t" .rs)

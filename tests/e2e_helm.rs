@@ -434,7 +434,7 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
         &["watch", "pods", "--all-namespaces"],
         &["list", "nodes"],
         &["create", "events.events.k8s.io", "-n", "default"],
-        &["patch", "leases.coordination.k8s.io", "-n", &ns],
+        &["update", "leases.coordination.k8s.io", "-n", &ns],
         &["create", "leases.coordination.k8s.io", "-n", &ns],
     ];
     let denied: &[&[&str]] = &[
@@ -445,6 +445,8 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
         &["create", "pods", "--subresource=exec", "-n", "default"],
         &["patch", "pods", "-n", "default"],
         &["delete", "nodes"],
+        // The Lease is written by replace over the version read, never patched.
+        &["patch", "leases.coordination.k8s.io", "-n", &ns],
         &[
             "patch",
             "leases.coordination.k8s.io",

@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod dag;
 pub mod egress;
+pub mod election;
 pub mod queue;
 pub mod task;
 pub mod token_bucket;

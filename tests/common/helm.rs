@@ -16,9 +16,10 @@ pub const RELEASE: &str = "axh";
 pub const FULLNAME: &str = "axh-ax-operator";
 /// Namespaces of the Helm tests start with this (see `common::namespace`).
 pub const NAMESPACE_PREFIX: &str = "e2e-helm-";
-/// The short lease of the Helm tests (the chart's default is 15 s).
+/// The short lease of the Helm tests (the chart's defaults are 15 s, 10 s and 2 s).
 pub const LEASE_SECONDS: u64 = 10;
-pub const RENEW_SECONDS: u64 = 5;
+pub const RENEW_DEADLINE_SECONDS: u64 = 7;
+pub const RENEW_SECONDS: u64 = 1;
 
 pub fn helm_binary() -> String {
     std::env::var("HELM").unwrap_or_else(|_| "helm".into())
@@ -90,6 +91,7 @@ impl Release {
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
             "operator": {
                 "leaseDurationSeconds": LEASE_SECONDS,
+                "renewDeadlineSeconds": RENEW_DEADLINE_SECONDS,
                 "renewIntervalSeconds": RENEW_SECONDS,
                 "logFilter": "info,ax=debug,kube=warn",
             },
