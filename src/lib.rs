@@ -8,3 +8,6 @@ pub mod api;
 pub mod controller;
 pub mod core;
 pub mod ops;
+
+#[cfg(test)]
+mod schema_tests;

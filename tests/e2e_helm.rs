@@ -12,10 +12,15 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ax::api::TaskPhase;
-use common::helm::{FULLNAME, LEASE_SECONDS, RELEASE, Release, helm, operator_image};
+use ax::api::{AxTask, TaskPhase};
+use common::cluster::{ApiServerPause, wait_api_server};
+use common::helm::{
+    FULLNAME, LEASE_SECONDS, RELEASE, RENEW_DEADLINE_SECONDS, Release, helm, operator_image,
+};
 use common::metrics::{Sample, metric_value, parse_metrics, scrape};
-use common::operator::{LEASE_NAME, lease_holder, wait_leader, wait_operator_ready};
+use common::operator::{
+    LEASE_NAME, LeaseAudit, lease_holder, lease_spec, restarts, wait_leader, wait_operator_ready,
+};
 use common::sim::sim_task;
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -620,4 +625,276 @@ async fn helm_uninstall_removes_all_but_the_crds_and_leaves_no_worker_pods() {
     );
     // Helm never deletes CRDs: the AxTask API and everything stored in it outlive the release.
     kubectl_ok(&["get", "crd", "axtasks.ax.dev"]);
+}
+
+// --- leader election under a slow API server and a rolling restart -----------------------------
+
+/// Starts a flow of `count` simulated tasks of 1–2 s into `ns`, one every `every`.
+fn task_flow(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &'static str,
+    count: u64,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (client, ns) = (client.clone(), ns.to_string());
+    tokio::spawn(async move {
+        for i in 0..count {
+            let task = sim_task(&format!("{prefix}-{i:03}"), prefix, 1000 + (i % 3) * 500, 0);
+            create(&client, &ns, &task).await;
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// Every task Succeeded on its first attempt, and no attempt ever had two pods.
+async fn assert_all_succeeded_once(
+    client: &kube::Client,
+    ns: &str,
+    count: usize,
+    seen: &std::sync::Mutex<PodsByAttempt>,
+) -> Vec<AxTask> {
+    let tasks = wait_all_terminal(client, ns, Duration::from_secs(300)).await;
+    assert_eq!(tasks.len(), count);
+    for t in &tasks {
+        let s = t.status.clone().expect("status");
+        assert_eq!(
+            (s.phase, s.attempt, s.retries),
+            (Some(TaskPhase::Succeeded), 1, 0),
+            "{}: {:#?}",
+            t.name_any(),
+            s.history
+        );
+        assert_history_chain(t);
+    }
+    // Pods are created before the status says so; give the watch a moment to see the last ones.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = seen.lock().expect("pod record lock");
+    let duplicated: Vec<_> = seen.iter().filter(|(_, uids)| uids.len() > 1).collect();
+    assert!(
+        duplicated.is_empty(),
+        "attempts with two pods: {duplicated:?}"
+    );
+    for t in &tasks {
+        assert!(
+            seen.contains_key(&(t.name_any(), "1".into())),
+            "no worker pod seen for {}",
+            t.name_any()
+        );
+    }
+    tasks
+}
+
+#[tokio::test]
+async fn leader_keeps_leading_through_an_api_server_pause_shorter_than_its_renew_deadline() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-pause-short", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+    let before = lease_spec(&client, &ns).await.expect("the Lease");
+
+    // Paused for 4 s: renewals are 1 s apart and the leader leads 7 s past the last one sent, so
+    // the renewal stuck in the paused server still lands in time.
+    const PAUSE: Duration = Duration::from_secs(4);
+    assert!(PAUSE.as_secs() + 2 < RENEW_DEADLINE_SECONDS);
+    let pause = ApiServerPause::start(PAUSE + Duration::from_secs(5));
+    tokio::time::sleep(PAUSE).await;
+    let paused = pause.resume();
+    wait_api_server(&client).await;
+    println!("API server paused for {paused:?}");
+
+    // Through the next renewals: the same holder, the same term, nobody restarted.
+    let watch_until = Instant::now() + Duration::from_secs(2 * LEASE_SECONDS);
+    while Instant::now() < watch_until {
+        let now = lease_spec(&client, &ns).await.expect("the Lease");
+        assert_eq!(now.holder_identity.as_deref(), Some(leader.as_str()));
+        assert_eq!(
+            (now.acquire_time.clone(), now.lease_transitions),
+            (before.acquire_time.clone(), before.lease_transitions),
+            "the leader's term did not change"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for pod in &names {
+        assert_eq!(restarts(&client, &ns, pod).await.0, 0, "{pod} restarted");
+    }
+    let logs = kubectl_ok(&["-n", &ns, "logs", &leader]);
+    assert!(
+        !logs.contains("lost lease") && !logs.contains("lost the lease"),
+        "{leader} lost its lease:\n{logs}"
+    );
+    // And it still does the work.
+    create(&client, &ns, &sim_task("after-pause", "pause", 200, 0)).await;
+    let task = wait_phase(&client, &ns, "after-pause", TaskPhase::Succeeded, LONG).await;
+    assert_eq!(dispatches_by(&[task], &actor(&leader)).len(), 1);
+}
+
+#[tokio::test]
+async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_the_lease() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-pause-long", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+    let standby = names
+        .iter()
+        .find(|n| **n != leader)
+        .expect("a standby")
+        .clone();
+
+    let (seen, watch) = record_worker_pods(&client, &ns);
+    const TASKS: u64 = 30;
+    task_flow(&client, &ns, "paused", TASKS, Duration::from_millis(100))
+        .await
+        .expect("creating the tasks");
+    // Tasks in flight when the API server stops.
+    let deadline = Instant::now() + LONG;
+    while !tasks_in(&client, &ns)
+        .await
+        .iter()
+        .any(|t| phase(t) == Some(TaskPhase::Succeeded))
+    {
+        assert!(Instant::now() < deadline, "tasks did not start flowing");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Longer than the lease: the leader cannot know whether a standby took over, so it must stop
+    // by its renew deadline, while the API server is still stopped.
+    let pause_length = Duration::from_secs(LEASE_SECONDS + 4);
+    let paused_at = jiff::Timestamp::now();
+    let pause = ApiServerPause::start(pause_length + Duration::from_secs(5));
+    tokio::time::sleep(pause_length).await;
+    pause.resume();
+    let resumed_at = jiff::Timestamp::now();
+    wait_api_server(&client).await;
+
+    // The old leader's process ended during the pause (the kubelet reports it once it can).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let finished = loop {
+        if let (n, Some(finished)) = restarts(&client, &ns, &leader).await
+            && n >= 1
+        {
+            break finished;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{leader} did not stop after a {pause_length:?} pause"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!("paused {paused_at}, {leader} exited {finished}, resumed {resumed_at}");
+    // finishedAt has whole seconds: compare within that.
+    let second = jiff::SignedDuration::from_secs(1);
+    assert!(
+        finished >= paused_at - second && finished <= resumed_at,
+        "{leader} stopped at {finished}, not during the pause ({paused_at} to {resumed_at})"
+    );
+    let previous = kubectl_ok(&["-n", &ns, "logs", &leader, "--previous"]);
+    assert!(previous.contains("lost the lease; exiting"), "{previous}");
+
+    // Someone leads again, with a renewal written after the resume, i.e. after the old leader
+    // was gone; the standby never restarted.
+    let deadline = Instant::now() + Duration::from_secs(LEASE_SECONDS * 3 + 30);
+    let holder = loop {
+        let spec = lease_spec(&client, &ns).await.unwrap_or_default();
+        let renewed = spec.renew_time.map(|t| t.0);
+        if let Some(h) = spec.holder_identity.filter(|h| !h.is_empty())
+            && renewed.is_some_and(|r| r > resumed_at)
+        {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "nobody leads after the pause");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    println!("leading after the pause: {holder}");
+    assert_eq!(
+        restarts(&client, &ns, &standby).await.0,
+        0,
+        "the standby restarted"
+    );
+
+    let tasks = assert_all_succeeded_once(&client, &ns, TASKS as usize, &seen).await;
+    watch.abort();
+    // No dispatch by the old leader's process between its exit and the resume.
+    let late: Vec<_> = dispatches_by(&tasks, &actor(&leader))
+        .into_iter()
+        .filter(|t| *t > finished + second && *t < resumed_at)
+        .collect();
+    assert!(late.is_empty(), "dispatched while stopped: {late:?}");
+}
+
+#[tokio::test]
+async fn rollout_restart_while_tasks_flow_keeps_one_leader_at_a_time() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-rollout", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    wait_leader(&client, &ns, &names).await;
+
+    let audit = LeaseAudit::start(&client, &ns);
+    let (seen, watch) = record_worker_pods(&client, &ns);
+    const TASKS: u64 = 200;
+    let creator = task_flow(&client, &ns, "rollout", TASKS, Duration::from_millis(100));
+    // Tasks flowing: a few done already.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let done = tasks_in(&client, &ns)
+            .await
+            .iter()
+            .filter(|t| phase(t) == Some(TaskPhase::Succeeded))
+            .count();
+        if done >= 5 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tasks did not start flowing");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deployment = format!("deployment/{FULLNAME}");
+    kubectl_ok(&["-n", &ns, "rollout", "restart", &deployment]);
+    kubectl_ok(&[
+        "-n",
+        &ns,
+        "rollout",
+        "status",
+        &deployment,
+        "--timeout=180s",
+    ]);
+    creator.await.expect("creating the tasks");
+    let tasks = assert_all_succeeded_once(&client, &ns, TASKS as usize, &seen).await;
+    watch.abort();
+
+    let terms = audit.stop();
+    println!("Lease terms: {terms:#?}");
+    let holders: std::collections::BTreeSet<&str> =
+        terms.iter().map(|t| t.holder.as_str()).collect();
+    assert!(
+        holders.iter().any(|h| !names.iter().any(|n| n == h)),
+        "a new pod leads after the rollout: {terms:?}"
+    );
+    for pair in terms.windows(2) {
+        let ended = pair[0].ended.expect("a term followed by another ended");
+        assert!(ended <= pair[1].acquired, "terms overlap: {pair:?}");
+    }
+    // Every dispatch was made by the holder of the Lease at that moment.
+    let mut outside = Vec::new();
+    for t in &tasks {
+        for h in history(t).iter().filter(|h| h.to == TaskPhase::Scheduled) {
+            let during_a_term = terms.iter().any(|term| {
+                actor(&term.holder) == h.actor
+                    && h.time >= term.acquired
+                    && term.ended.is_none_or(|end| h.time <= end)
+            });
+            if !during_a_term {
+                outside.push(format!("{} by {} at {}", t.name_any(), h.actor, h.time));
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "dispatches outside the dispatcher's term: {outside:#?}"
+    );
 }

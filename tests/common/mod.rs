@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod helm;
 pub mod metrics;
 pub mod operator;

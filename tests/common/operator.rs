@@ -1,11 +1,14 @@
 //! The operator pods of a Helm release and the Lease they compete for; and the check that no other
 //! ax-operator runs, since two would both reconcile every namespace.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use super::helm::{LEASE_SECONDS, RELEASE, operator_image, text};
@@ -199,5 +202,110 @@ pub async fn wait_leader(client: &Client, namespace: &str, candidates: &[String]
             "none of {candidates:?} holds Lease {namespace}/{LEASE_NAME} within 60s (holder: {holder:?})"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The spec of the release's Lease, if it exists.
+pub async fn lease_spec(client: &Client, namespace: &str) -> Option<LeaseSpec> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    leases.get_opt(LEASE_NAME).await.expect("get lease")?.spec
+}
+
+/// How many times the operator container of `pod` restarted, and when its previous run ended.
+pub async fn restarts(
+    client: &Client,
+    namespace: &str,
+    pod: &str,
+) -> (i32, Option<jiff::Timestamp>) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = pods.get(pod).await.expect("get operator pod");
+    let status = pod
+        .status
+        .and_then(|s| s.container_statuses)
+        .and_then(|c| c.into_iter().next());
+    let Some(status) = status else {
+        return (0, None);
+    };
+    let finished = status
+        .last_state
+        .and_then(|s| s.terminated)
+        .and_then(|t| t.finished_at)
+        .map(|t| t.0);
+    (status.restart_count, finished)
+}
+
+/// Every version of the release's Lease seen by a watch from now on, in order.
+pub struct LeaseAudit {
+    seen: Arc<Mutex<Vec<LeaseSpec>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+/// One holder's hold of the Lease, by the times the operators wrote into it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Term {
+    pub holder: String,
+    pub acquired: jiff::Timestamp,
+    /// When it was released or taken over; None while held.
+    pub ended: Option<jiff::Timestamp>,
+}
+
+impl LeaseAudit {
+    pub fn start(client: &Client, namespace: &str) -> LeaseAudit {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        let seen: Arc<Mutex<Vec<LeaseSpec>>> = Arc::default();
+        let record = seen.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={LEASE_NAME}"));
+        let watch = tokio::spawn(async move {
+            let mut stream = watcher(leases, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = stream.next().await {
+                if let Ok(lease) = event {
+                    let spec = lease.spec.unwrap_or_default();
+                    let mut seen = record.lock().expect("lease audit lock");
+                    if seen.last() != Some(&spec) {
+                        seen.push(spec);
+                    }
+                }
+            }
+        });
+        LeaseAudit { seen, watch }
+    }
+
+    /// The holds seen so far: a term starts at its holder's acquireTime and ends at the release's
+    /// renewTime, or at the next holder's acquireTime.
+    pub fn terms(&self) -> Vec<Term> {
+        let seen = self.seen.lock().expect("lease audit lock").clone();
+        let mut terms: Vec<Term> = Vec::new();
+        for spec in seen {
+            let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+            let acquired = spec.acquire_time.as_ref().map(|t| t.0);
+            let renewed = spec.renew_time.as_ref().map(|t| t.0);
+            let current = terms.last_mut().filter(|t| t.ended.is_none());
+            match (holder, current) {
+                (Some(h), Some(term)) if term.holder == h && Some(term.acquired) == acquired => {}
+                (Some(h), current) => {
+                    let acquired =
+                        acquired.unwrap_or_else(|| panic!("{h} holds a Lease without acquireTime"));
+                    if let Some(term) = current {
+                        term.ended = Some(acquired);
+                    }
+                    terms.push(Term {
+                        holder: h,
+                        acquired,
+                        ended: None,
+                    });
+                }
+                (None, Some(term)) => term.ended = Some(renewed.unwrap_or(term.acquired)),
+                (None, None) => {}
+            }
+        }
+        terms
+    }
+
+    pub fn stop(self) -> Vec<Term> {
+        self.watch.abort();
+        self.terms()
     }
 }
