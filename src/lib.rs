@@ -9,3 +9,6 @@ pub mod cli;
 pub mod controller;
 pub mod core;
 pub mod ops;
+
+#[cfg(test)]
+mod schema_tests;

@@ -26,6 +26,10 @@ pub struct Settings {
     /// Who we are, for history entries and Events (`ax-operator/<pod>`).
     pub identity: String,
     pub metrics: Arc<Metrics>,
+    /// Callback destinations admitted beyond public addresses (`--callback-allow`).
+    pub callback_allow: crate::core::egress::Allowlist,
+    /// Set to true once every informer cache has completed its first list (`/readyz`).
+    pub caches_synced: tokio::sync::watch::Sender<bool>,
 }
 
 pub async fn run(
@@ -93,11 +97,12 @@ pub async fn run(
         wake,
         tracking: Tracking::default(),
         operator: format!("ax-operator/{}", settings.identity),
-        callbacks: Callbacks::new()?,
+        callbacks: Callbacks::new(settings.callback_allow.clone())?,
         metrics: settings.metrics.clone(),
     });
 
     let node_task = tokio::spawn(node_watch);
+    tokio::spawn(report_caches_synced(ctx.clone(), settings.caches_synced));
     let controller = controller.shutdown_on_signal();
     let wait_ctx = ctx.clone();
     let controller_run = async move {
@@ -122,6 +127,16 @@ pub async fn run(
     }
     node_task.abort();
     Ok(())
+}
+
+/// Reports readiness once every cache of this function has completed its first list. (The AxDag
+/// controller's caches are built inside `dag::run`; they join this list when it is wired here.)
+async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sender<bool>) {
+    super::cache_synced(&ctx.tasks).await;
+    super::cache_synced(&ctx.pods).await;
+    super::cache_synced(&ctx.nodes).await;
+    super::cache_synced(&ctx.queue_store).await;
+    synced.send_replace(true);
 }
 
 /// How often `ax_tasks` is recomputed from the cache.

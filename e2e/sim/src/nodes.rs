@@ -16,8 +16,7 @@ use tokio::sync::Mutex;
 
 use crate::writer::{ApiWriter, WriteError};
 
-pub const SIM_NODE_LABEL: &str = "ax.dev/sim-node";
-pub const SIM_NODE_TAINT_KEY: &str = "ax.dev/sim-node";
+pub use ax_sim::worker::{SIM_NODE_LABEL, SIM_NODE_TAINT_KEY};
 const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 const LEASE_DURATION_SECONDS: i32 = 40;
 pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(10);
