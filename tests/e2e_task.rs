@@ -595,3 +595,43 @@ async fn kubectl_shows_columns_and_explains_fields() {
         assert!(out.contains(field), "explain lacks {field}: {out}");
     }
 }
+
+#[tokio::test]
+async fn a_malformed_template_is_dead_naming_the_field_and_stalls_no_other_task() {
+    let client = client().await;
+    let ns = namespace(&client, "malformed").await;
+    // The schema leaves the template to the operator, so the API server stores this one; the
+    // operator's watch of every task must go on reading.
+    let bad = r#"{"apiVersion":"ax.dev/v1alpha1","kind":"AxTask","metadata":{"name":"bad-template"},
+        "spec":{"type":"malformed","template":{"spec":{"containers":[{"name":"w","image":"x","ports":"80"}]}}}}"#;
+    let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(bad));
+    assert!(ok, "{err}");
+    let worker = SimWorker::running_for(200);
+    for i in 0..20 {
+        create(
+            &client,
+            &ns,
+            &sim_task_with(&format!("good-{i:02}"), "malformed", &worker, |_| {}),
+        )
+        .await;
+    }
+    let t = wait_phase(&client, &ns, "bad-template", TaskPhase::Dead, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!(s.reason.as_deref(), Some("InvalidSpec"));
+    let why = s.dead_reason.unwrap_or_default();
+    assert!(
+        why.contains("spec.template.spec.containers[0].ports"),
+        "{why}"
+    );
+    wait_events(&client, &ns, "bad-template", &["InvalidSpec"]).await;
+    for i in 0..20 {
+        wait_phase(
+            &client,
+            &ns,
+            &format!("good-{i:02}"),
+            TaskPhase::Succeeded,
+            LONG,
+        )
+        .await;
+    }
+}

@@ -55,7 +55,12 @@ pub struct AxTaskSpec {
     #[schemars(schema_with = "preserve_unknown_object")]
     pub payload: Option<serde_json::Value>,
 
-    /// The worker pod template; `restartPolicy` is forced to `Never`.
+    /// The worker pod template; `restartPolicy` is forced to `Never`. Checked by the API server
+    /// when the worker pod is created, not in this schema: the full PodTemplateSpec schema made
+    /// every write of a task cost the API server a third more CPU (and the CRD 500 KB). A
+    /// template that is no PodTemplateSpec makes the task Dead with `InvalidSpec`, naming the field.
+    #[schemars(schema_with = "preserve_unknown_object")]
+    #[serde(deserialize_with = "super::lenient_template")]
     pub template: PodTemplateSpec,
 
     #[serde(default)]

@@ -1,7 +1,7 @@
 //! The checks of an AxTask spec that the OpenAPI schema cannot express. A task whose spec fails them
 //! is Dead with reason `InvalidSpec` before it runs anything.
 
-use crate::api::{AxTaskSpec, ExitCodeOperator, RetryRule};
+use crate::api::{AxTaskSpec, ExitCodeOperator, INVALID_TEMPLATE_ANNOTATION, RetryRule};
 use crate::core::worker::{MAIN_CONTAINER_ANNOTATION, PAYLOAD_ANNOTATION, main_container_name};
 
 /// Largest payload handed to a worker (serialized JSON).
@@ -23,6 +23,9 @@ pub enum TaskSpecError {
         "spec.payload ({payload} bytes) and the template's annotations ({annotations} bytes) exceed the {POD_ANNOTATIONS_MAX_BYTES}-byte limit on a pod's annotations"
     )]
     AnnotationsTooLarge { payload: usize, annotations: usize },
+    /// The template did not read as a PodTemplateSpec (see `api::lenient_template`).
+    #[error("spec.template is not a pod template: {0}")]
+    InvalidTemplate(String),
     #[error("spec.template.spec.containers must name at least one container")]
     NoContainer,
     #[error(
@@ -47,6 +50,15 @@ pub enum TaskSpecError {
 
 /// Semantic checks of a spec.
 pub fn validate(spec: &AxTaskSpec) -> Result<(), TaskSpecError> {
+    if let Some(reason) = spec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(INVALID_TEMPLATE_ANNOTATION))
+    {
+        return Err(TaskSpecError::InvalidTemplate(reason.clone()));
+    }
     if let Some(soft) = spec.timeout.soft_seconds
         && soft >= spec.timeout.hard_seconds
     {
@@ -158,6 +170,22 @@ mod tests {
 
     fn error(spec: &AxTaskSpec) -> String {
         validate(spec).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn a_template_that_is_no_pod_template_reads_and_is_invalid_naming_the_field() {
+        // The API server stores any object as the template; reading it must not fail.
+        let malformed: AxTaskSpec = serde_json::from_value(json!({
+            "type": "report",
+            "template": {"spec": {"containers": [{"name": "w", "image": "i", "ports": "80"}]}}
+        }))
+        .expect("a malformed template still reads");
+        let message = error(&malformed);
+        assert!(
+            message.starts_with("spec.template is not a pod template: spec.template.spec.containers[0].ports: invalid type"),
+            "{message}"
+        );
+        assert!(validate(&spec()).is_ok());
     }
 
     #[test]
