@@ -1,0 +1,289 @@
+//! Figures and how they are printed: percentiles, the side-by-side table, the per-kind write
+//! breakdown. Pure: reports in, text out.
+
+use serde::Serialize;
+
+/// Nearest-rank percentiles of a sample, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub n: usize,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub max: Option<f64>,
+}
+
+impl Percentiles {
+    pub fn of(mut values: Vec<f64>) -> Percentiles {
+        values.sort_by(f64::total_cmp);
+        let rank = |p: f64| {
+            if values.is_empty() {
+                return None;
+            }
+            // Nearest rank: the smallest value with at least p% of the sample at or below it.
+            let index = ((p / 100.0) * values.len() as f64).ceil() as usize;
+            Some(values[index.clamp(1, values.len()) - 1])
+        };
+        Percentiles {
+            n: values.len(),
+            p50: rank(50.0),
+            p90: rank(90.0),
+            p99: rank(99.0),
+            max: values.last().copied(),
+        }
+    }
+}
+
+/// Writes of one resource, verb and status code during a kind's run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WriteRow {
+    pub resource: String,
+    pub verb: String,
+    pub code: String,
+    pub count: u64,
+    pub per_unit: f64,
+}
+
+/// CPU one process used during a kind's run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CpuRow {
+    pub process: String,
+    /// `None`: the process was not found, or restarted during the run.
+    pub seconds: Option<f64>,
+    pub ms_per_unit: Option<f64>,
+}
+
+/// Everything measured for one kind.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KindReport {
+    pub kind: String,
+    pub namespace: String,
+    pub units: usize,
+    pub created: usize,
+    pub create_errors: usize,
+    pub first_create_error: Option<String>,
+    pub finished: usize,
+    pub succeeded: usize,
+    pub failed: usize,
+    /// Created but not finished within the deadline.
+    pub lost: usize,
+    /// Units for which the pod watch saw more than one pod.
+    pub units_with_several_pods: usize,
+    /// First create sent → last unit seen finished.
+    pub busy_seconds: f64,
+    pub throughput_per_second: f64,
+    /// Create sent → the unit's first pod seen by a watch on pods.
+    pub pod_seen_ms: Percentiles,
+    /// Create sent → the unit's own object seen finished.
+    pub finished_ms: Percentiles,
+    /// Mutating requests by resource, verb and code, per created unit (background left out).
+    pub writes: Vec<WriteRow>,
+    /// Node heartbeats and leader-election leases, which come with time rather than with units.
+    pub background_writes: Vec<WriteRow>,
+    /// Successful writes per unit (background left out).
+    pub writes_per_unit: f64,
+    /// 409 answers per unit (update conflicts and AlreadyExists creates).
+    pub conflicts_per_unit: f64,
+    /// Other error answers per unit.
+    pub other_errors_per_unit: f64,
+    pub cpu: Vec<CpuRow>,
+    /// The API server's CPU rate (cores) when the run started.
+    pub apiserver_idle_cores: Option<f64>,
+    /// Seconds from the first create to the second scrape (the CPU window).
+    pub window_seconds: f64,
+}
+
+impl KindReport {
+    fn cpu_ms(&self, process: &str) -> Option<f64> {
+        self.cpu.iter().find(|c| c.process == process)?.ms_per_unit
+    }
+}
+
+/// A plain text table, columns padded to their widest cell, the first left-aligned.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let pad = width[c] - cell.chars().count();
+            if c == 0 {
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            } else {
+                line.push_str("  ");
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn number(value: Option<f64>, decimals: usize) -> String {
+    match value {
+        Some(v) if v.is_finite() => format!("{v:.decimals$}"),
+        _ => "-".into(),
+    }
+}
+
+/// The side-by-side table: one column per kind, one row per measure.
+pub fn side_by_side(reports: &[KindReport]) -> String {
+    let mut rows = vec![
+        std::iter::once("measure".to_owned())
+            .chain(reports.iter().map(|r| r.kind.clone()))
+            .collect::<Vec<_>>(),
+    ];
+    let mut row = |name: &str, cell: &dyn Fn(&KindReport) -> String| {
+        rows.push(
+            std::iter::once(name.to_owned())
+                .chain(reports.iter().map(cell))
+                .collect(),
+        );
+    };
+    let floor = reports.iter().find(|r| r.kind == "pods");
+    row("units created / finished", &|r| {
+        format!("{} / {}", r.created, r.finished)
+    });
+    row("succeeded / failed / lost", &|r| {
+        format!("{} / {} / {}", r.succeeded, r.failed, r.lost)
+    });
+    row("create errors", &|r| r.create_errors.to_string());
+    row("units with more than one pod", &|r| {
+        r.units_with_several_pods.to_string()
+    });
+    row("busy s (first create → last finish)", &|r| {
+        number(Some(r.busy_seconds), 1)
+    });
+    row("throughput units/s", &|r| {
+        number(Some(r.throughput_per_second), 1)
+    });
+    if let Some(floor) = floor {
+        row("throughput / bare pods'", &|r| {
+            number(
+                Some(r.throughput_per_second / floor.throughput_per_second),
+                2,
+            )
+        });
+    }
+    let latency = |p: &Percentiles| {
+        format!(
+            "{} / {} / {}",
+            number(p.p50, 0),
+            number(p.p90, 0),
+            number(p.p99, 0)
+        )
+    };
+    row("create → pod seen ms p50/p90/p99", &|r| {
+        latency(&r.pod_seen_ms)
+    });
+    row("create → pod seen ms max", &|r| {
+        number(r.pod_seen_ms.max, 0)
+    });
+    row("create → finished ms p50/p90/p99", &|r| {
+        latency(&r.finished_ms)
+    });
+    row("API writes/unit (2xx)", &|r| {
+        number(Some(r.writes_per_unit), 2)
+    });
+    row("API 409s/unit", &|r| number(Some(r.conflicts_per_unit), 2));
+    row("API other errors/unit", &|r| {
+        number(Some(r.other_errors_per_unit), 2)
+    });
+    row("API server CPU ms/unit", &|r| {
+        number(r.cpu_ms("kube-apiserver"), 1)
+    });
+    if let Some(floor) = floor {
+        row("API server CPU / bare pod's", &|r| {
+            number(
+                r.cpu_ms("kube-apiserver")
+                    .zip(floor.cpu_ms("kube-apiserver"))
+                    .map(|(a, b)| a / b),
+                2,
+            )
+        });
+    }
+    row("etcd CPU ms/unit", &|r| number(r.cpu_ms("etcd"), 1));
+    row("controller-manager CPU ms/unit (Job ctrl)", &|r| {
+        number(r.cpu_ms("kube-controller-manager"), 1)
+    });
+    row("scheduler CPU ms/unit", &|r| {
+        number(r.cpu_ms("kube-scheduler"), 1)
+    });
+    row("ax-operator CPU ms/unit", &|r| {
+        number(r.cpu_ms("ax-operator"), 1)
+    });
+    row("ax-sim CPU ms/unit", &|r| number(r.cpu_ms("ax-sim"), 1));
+    row("API server idle cores before", &|r| {
+        number(r.apiserver_idle_cores, 3)
+    });
+    table(&rows)
+}
+
+/// One kind's writes, by resource, verb and code, with per-unit counts.
+pub fn writes_breakdown(report: &KindReport) -> String {
+    let mut rows = vec![vec![
+        "resource".to_owned(),
+        "verb".to_owned(),
+        "code".to_owned(),
+        "count".to_owned(),
+        "per unit".to_owned(),
+    ]];
+    for w in &report.writes {
+        rows.push(vec![
+            w.resource.clone(),
+            w.verb.clone(),
+            w.code.clone(),
+            w.count.to_string(),
+            format!("{:.2}", w.per_unit),
+        ]);
+    }
+    for w in &report.background_writes {
+        rows.push(vec![
+            format!("({} background)", w.resource),
+            w.verb.clone(),
+            w.code.clone(),
+            w.count.to_string(),
+            "-".into(),
+        ]);
+    }
+    table(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let p = Percentiles::of((1..=100).rev().map(f64::from).collect());
+        assert_eq!(p.n, 100);
+        assert_eq!(p.p50, Some(50.0));
+        assert_eq!(p.p90, Some(90.0));
+        assert_eq!(p.p99, Some(99.0));
+        assert_eq!(p.max, Some(100.0));
+        let one = Percentiles::of(vec![7.0]);
+        assert_eq!((one.p50, one.p99), (Some(7.0), Some(7.0)));
+        assert_eq!(Percentiles::of(vec![]).p50, None);
+    }
+
+    #[test]
+    fn tables_pad_columns_to_their_widest_cell() {
+        let t = table(&[
+            vec!["a".into(), "1".into()],
+            vec!["longer".into(), "22".into()],
+        ]);
+        assert_eq!(t, "a        1\nlonger  22\n");
+    }
+}
