@@ -14,7 +14,7 @@ use crate::core::task::LEGAL;
 use TaskPhase::{Canceled, Dead, Failed, Pending, Running, Scheduled, Succeeded, TimedOut};
 
 pub const WIDTH: f64 = 1000.0;
-pub const HEIGHT: f64 = 450.0;
+pub const HEIGHT: f64 = 540.0;
 const BOX_W: f64 = 112.0;
 const BOX_H: f64 = 38.0;
 /// The start dot of a task the operator has not seen yet.
@@ -26,15 +26,29 @@ pub type State = Option<TaskPhase>;
 /// Where each state sits (its centre). Exhaustive: a new phase does not compile until placed.
 pub fn position(state: State) -> (f64, f64) {
     match state {
-        None => (40.0, 225.0),
-        Some(Pending) => (170.0, 225.0),
-        Some(Scheduled) => (370.0, 225.0),
-        Some(Running) => (580.0, 120.0),
-        Some(Succeeded) => (890.0, 120.0),
-        Some(Failed) => (580.0, 330.0),
-        Some(TimedOut) => (740.0, 225.0),
-        Some(Dead) => (890.0, 330.0),
-        Some(Canceled) => (370.0, 410.0),
+        None => (40.0, 245.0),
+        Some(Pending) => (170.0, 245.0),
+        Some(Scheduled) => (370.0, 245.0),
+        Some(Running) => (580.0, 130.0),
+        Some(Succeeded) => (890.0, 130.0),
+        Some(Failed) => (580.0, 350.0),
+        Some(TimedOut) => (740.0, 245.0),
+        Some(Dead) => (890.0, 350.0),
+        Some(Canceled) => (370.0, 430.0),
+    }
+}
+
+/// Edges routed around the outside of the picture (a cubic curve through these two control
+/// points): re-runs back to Pending over the top or along the bottom, and a task Dead before it
+/// was queued along the very bottom.
+fn lane(from: State, to: TaskPhase) -> Option<((f64, f64), (f64, f64))> {
+    let (fx, _) = position(from);
+    let (tx, _) = position(Some(to));
+    match (from, to) {
+        (Some(Succeeded), Pending) => Some(((fx, 0.0), (tx, 0.0))),
+        (Some(Dead), Pending) => Some(((fx + 40.0, 560.0), (tx, 560.0))),
+        (None, Dead) => Some(((fx, 600.0), (tx + 60.0, 600.0))),
+        _ => None,
     }
 }
 
@@ -43,10 +57,6 @@ pub fn position(state: State) -> (f64, f64) {
 /// listed is drawn too (straight, or bowed when its reverse exists).
 fn bend(from: State, to: TaskPhase) -> f64 {
     match (from, to) {
-        // Re-runs: around the outside of the picture.
-        (Some(Succeeded), Pending) => 150.0,
-        (Some(Dead), Pending) => -150.0,
-        (None, Dead) => 175.0,
         (Some(Running), Canceled) => 40.0,
         (Some(TimedOut), Canceled) => 60.0,
         (Some(Scheduled), TimedOut) => -25.0,
@@ -96,10 +106,23 @@ fn boundary(state: State, toward: (f64, f64)) -> (f64, f64) {
     (cx + dx * s, cy + dy * s)
 }
 
-/// One edge's geometry: the quadratic curve's path and the point for its label.
+/// One edge's geometry: the curve's path and the point for its label.
 pub fn edge_geometry(from: State, to: TaskPhase) -> (String, (f64, f64)) {
     let a = position(from);
     let b = position(Some(to));
+    if let Some((c1, c2)) = lane(from, to) {
+        let start = boundary(from, c1);
+        let end = boundary(Some(to), c2);
+        let path = format!(
+            "M{:.1},{:.1} C{:.1},{:.1} {:.1},{:.1} {:.1},{:.1}",
+            start.0, start.1, c1.0, c1.1, c2.0, c2.1, end.0, end.1
+        );
+        let label = (
+            0.125 * start.0 + 0.375 * c1.0 + 0.375 * c2.0 + 0.125 * end.0,
+            0.125 * start.1 + 0.375 * c1.1 + 0.375 * c2.1 + 0.125 * end.1,
+        );
+        return (path, label);
+    }
     let (dx, dy) = (b.0 - a.0, b.1 - a.1);
     let len = (dx * dx + dy * dy).sqrt().max(1e-9);
     // Left of the direction of travel, in SVG's y-down coordinates.
@@ -316,12 +339,12 @@ mod tests {
                 .filter(|s| !s.is_empty())
                 .map(|s| s.parse().unwrap())
                 .collect();
-            // A quadratic curve stays within the hull of its points; the control point may lie
-            // outside a little, the curve itself reaches only halfway to it.
+            // A curve stays within the hull of its points; control points may lie outside the
+            // picture, the curve itself does not reach them.
             for pair in numbers.chunks(2) {
                 let (x, y) = (pair[0], pair[1]);
                 assert!(
-                    (-HEIGHT..2.0 * WIDTH).contains(&x) && (-HEIGHT..2.0 * HEIGHT).contains(&y),
+                    (-HEIGHT..2.0 * WIDTH).contains(&x) && (-HEIGHT..1.5 * HEIGHT).contains(&y),
                     "{from:?}->{to:?}: {d}"
                 );
             }

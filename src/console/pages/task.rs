@@ -248,10 +248,16 @@ mod tests {
             "{html}"
         );
         assert!(!html.contains(r#"id="retry" type="submit" disabled"#));
-        assert!(html.contains(r#"<button class="danger" id="cancel" type="submit" disabled"#), "{html}");
+        assert!(
+            html.contains(r#"<button class="danger" id="cancel" type="submit" disabled"#),
+            "{html}"
+        );
         assert_eq!(html.matches(r#"class="card attempt"#).count(), 2);
         assert!(html.contains(r#"data-attempt="2""#) && html.contains("flaky-2 (gone)"));
-        assert!(html.contains("all 1 retries used &lt;b&gt;"), "escaped: {html}");
+        assert!(
+            html.contains("all 1 retries used &lt;b&gt;"),
+            "escaped: {html}"
+        );
         assert!(html.contains(r#"id="edge-Pending-Scheduled" class="edge taken""#));
         assert!(html.contains(r#"href="/submit?from=team%2Fflaky""#));
     }

@@ -273,8 +273,13 @@ pub fn head(q: &TaskQuery, tasks: &[&AxTask], token: &str, return_to: &str) -> M
     }
 }
 
+/// Rows shown at most; the count says how many matched (filters narrow the list).
+pub const MAX_ROWS: usize = 500;
+
 /// The table: the part that live updates replace.
 pub fn table(q: &TaskQuery, tasks: &[&AxTask], now: Timestamp, many_namespaces: bool) -> Markup {
+    let total = tasks.len();
+    let tasks = &tasks[..total.min(MAX_ROWS)];
     let header = |c: Column| {
         let (desc, arrow) = match (q.sort == c, q.descending) {
             (true, false) => (true, " ▲"),
@@ -286,7 +291,8 @@ pub fn table(q: &TaskQuery, tasks: &[&AxTask], now: Timestamp, many_namespaces: 
         }
     };
     html! {
-        p.count { (tasks.len()) " task" @if tasks.len() != 1 { "s" } }
+        p.count #task-count data-count=(total) { (total) " task" @if total != 1 { "s" }
+            @if total > tasks.len() { " (the first " (tasks.len()) " shown: filter to see others)" } }
         table.tasks #task-table {
             thead { tr {
                 th { input #select-all type="checkbox" title="select all shown"; }
