@@ -777,7 +777,8 @@ async fn a_change_without_the_token_or_from_another_origin_is_refused() {
         "no framing: {body}"
     );
 
-    let refused: [(&str, Vec<(&str, &str)>, &str); 5] = [
+    type Headers<'a> = Vec<(&'a str, &'a str)>;
+    let refused: [(&str, Headers, &str); 5] = [
         ("no token at all", vec![("Origin", &ours)], &form_without),
         (
             "the cookie only",

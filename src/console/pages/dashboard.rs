@@ -61,7 +61,7 @@ pub fn latest_dead<'a>(tasks: &[&'a AxTask], n: usize) -> Vec<(&'a AxTask, Optio
             (*t, at)
         })
         .collect();
-    dead.sort_by(|a, b| b.1.cmp(&a.1));
+    dead.sort_by_key(|d| std::cmp::Reverse(d.1));
     dead.truncate(n);
     dead
 }
