@@ -206,6 +206,22 @@ async fn wait_live(b: &Browser) {
     .await;
 }
 
+/// Clicks the element `css` selects, finding it again if a live update replaced it meanwhile.
+async fn click(b: &Browser, css: &str) {
+    let mut last = None;
+    for _ in 0..10 {
+        match b.find(Locator::Css(css)).await {
+            Ok(e) => match e.click().await {
+                Ok(()) => return,
+                Err(err) => last = Some(err.to_string()),
+            },
+            Err(err) => last = Some(err.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("could not click {css}: {last:?}");
+}
+
 async fn notices(b: &Browser) -> Vec<String> {
     let mut out = Vec::new();
     for e in b
@@ -306,25 +322,13 @@ async fn task_list_updates_live_and_cancel_cancels_exactly_the_selected() {
 
     // Select three of the four running tasks; a live update meanwhile keeps the selection.
     for i in 0..3 {
-        b.find(Locator::Css(&format!(
-            "input.select[value='{ns}/hang-{i}']"
-        )))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+        click(&b, &format!("input.select[value='{ns}/hang-{i}']")).await;
     }
     assert_eq!(
         text(&b, "#selected-count").await.as_deref(),
         Some("3 selected")
     );
-    b.find(Locator::Id("bulk-cancel"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, "#bulk-cancel").await;
     let shown = eventually("the cancel notices", LONG, || async {
         let n = notices(&b).await;
         (!n.is_empty()).then_some(n)
@@ -441,12 +445,7 @@ async fn task_page_draws_the_taken_path_and_retry_starts_a_new_attempt() {
     );
     screenshot(&b, "task").await;
 
-    b.find(Locator::Id("retry"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, "#retry").await;
     let shown = eventually("the retry notice", LONG, || async {
         let n = notices(&b).await;
         (!n.is_empty()).then_some(n)
@@ -565,12 +564,7 @@ async fn dag_queue_and_dashboard_pages_show_what_the_cluster_holds() {
     assert_eq!(text(&b, "#progress").await.as_deref(), Some("4/4"));
     screenshot(&b, "dag").await;
     // A node links to its child task.
-    b.find(Locator::Css("svg.dag g.node[data-node='load'] a"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, "svg.dag g.node[data-node='load'] a").await;
     eventually("the child's task page", LONG, || async {
         let url = b.current_url().await.ok()?;
         url.path()
@@ -645,12 +639,7 @@ async fn submit_creates_a_task_and_shows_a_schema_error_inline() {
         .await
         .unwrap();
     screenshot(&b, "submit").await;
-    b.find(Locator::Id("form-create"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, "#form-create").await;
     eventually("the new task's page", LONG, || async {
         let url = b.current_url().await.ok()?;
         url.path()
@@ -676,12 +665,7 @@ async fn submit_creates_a_task_and_shows_a_schema_error_inline() {
     )
     .await
     .unwrap();
-    b.find(Locator::Id("yaml-create"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, "#yaml-create").await;
     let errors = eventually("the schema error", LONG, || async {
         text(&b, "#yaml-errors").await
     })
@@ -710,12 +694,7 @@ async fn submit_creates_a_task_and_shows_a_schema_error_inline() {
     )
     .await
     .unwrap();
-    b.find(Locator::Id("yaml-check"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, "#yaml-check").await;
     let result = eventually("the dry run's verdict", LONG, || async {
         text(&b, "#check-result").await
     })
@@ -881,12 +860,7 @@ async fn a_read_only_user_sees_the_pages_and_is_not_allowed_to_cancel() {
     // The pods are not the viewer's to read: said, and the page still works.
     let attempts = text(&b, ".cards").await.unwrap_or_default();
     assert!(attempts.contains("Attempt 1"), "{attempts}");
-    b.find(Locator::Id("cancel"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&b, "#cancel").await;
     let shown = eventually("the refusal", LONG, || async {
         let n = notices(&b).await;
         (!n.is_empty()).then_some(n)
