@@ -39,6 +39,10 @@ use super::store::Store;
 const BODY_LIMIT: usize = 2 * 1024 * 1024;
 /// How long a page waits for the first list of the data it shows.
 const SYNC_WAIT: Duration = Duration::from_secs(10);
+/// How long a worker's log may take to arrive (a node that does not answer must not hang the page).
+const LOGS_WAIT: Duration = Duration::from_secs(10);
+/// How long the page of a task just created waits for the watch to bring it.
+const APPEAR_WAIT: Duration = Duration::from_secs(5);
 
 pub struct App {
     pub ctx: Ctx,
@@ -423,6 +427,22 @@ async fn render_view(
     if matches!(view, View::Queues) {
         app.synced(Resource::Task).await;
     }
+    if let View::Task(ns, name) = &view {
+        // Right after a create (the Submit page redirects here) the watch may not have it yet.
+        let key = (ns.clone(), name.clone());
+        let deadline = tokio::time::Instant::now() + APPEAR_WAIT;
+        let mut rx = app.store.subscribe();
+        loop {
+            // The read guard ends with this condition, before any await.
+            if app.store.read().tasks.contains_key(&key) {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => break,
+            }
+        }
+    }
     let live = live(app, &view, Timestamp::now(), &mut None).await;
     let mut p = app.frame(title, section, &notices);
     p.head = head;
@@ -564,15 +584,21 @@ async fn logs_page(
                 tail_lines: Some(5000),
                 ..LogParams::default()
             };
-            pods.logs(&pod, &params).await.map_err(|e| {
-                from_kube(
-                    &Op::new("get", Resource::PodLog)
-                        .namespace(Some(&ns))
-                        .name(&pod),
-                    e,
-                )
-                .to_string()
-            })
+            match tokio::time::timeout(LOGS_WAIT, pods.logs(&pod, &params)).await {
+                Err(_) => Err(format!(
+                    "the kubelet of pod {pod} did not answer within {}s",
+                    LOGS_WAIT.as_secs()
+                )),
+                Ok(read) => read.map_err(|e| {
+                    from_kube(
+                        &Op::new("get", Resource::PodLog)
+                            .namespace(Some(&ns))
+                            .name(&pod),
+                        e,
+                    )
+                    .to_string()
+                }),
+            }
         }
     };
     let mut p = app.frame(format!("Logs of {name}"), Section::Tasks, &[]);
