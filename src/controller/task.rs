@@ -89,10 +89,19 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
         };
         let mut decision = core::decide(&inputs, &clock);
-        if decision.queue == QueueState::Ready && !granted && offer(&key, &current, &decision, &ctx)
-        {
-            // The queue had a free slot for it now: new (or due) → Scheduled in one write.
-            inputs.granted = true;
+        let mut held_now = None;
+        if decision.queue == QueueState::Ready && !granted {
+            if offer(&key, &current, &decision, &ctx) {
+                // The queue had a free slot for it now: new (or due) → Scheduled in one write.
+                inputs.granted = true;
+                decision = core::decide(&inputs, &clock);
+            } else {
+                // It waits: its first write says what holds it, so the refresh has nothing to add.
+                held_now = ctx.queues.lock().held_reason(&key, clock.now);
+            }
+        }
+        if let Some(now_held) = held_now.as_ref().filter(|h| Some(*h) != held.as_ref()) {
+            inputs.held = Some((now_held.0, now_held.1.as_str()));
             decision = core::decide(&inputs, &clock);
         }
         match apply(&current, &key, decision, &ctx).await? {
@@ -229,6 +238,7 @@ async fn apply(
                 publish(&written, EventType::Warning, reason.as_str(), message, ctx)
             }
             Action::SendCallback => ctx.callbacks.send(written.clone(), ctx.clone()),
+            Action::DeleteTask if ctx.tracking.deletion_sent(key) => {}
             Action::DeleteTask => {
                 let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &key.0);
                 info!("deleting task: ttlSecondsAfterFinished passed");
