@@ -1,7 +1,7 @@
 //! `kubectl ax ui` end to end: the real kubectl-ax binary serving the console against the real
 //! cluster (operator started by e2e/run-tests.sh), driven by headless Chromium through
 //! chromedriver (WebDriver, fantoccini). Each test has its own namespace, console, chromedriver
-//! and browser. Screenshots of every page go to target/e2e/screenshots/.
+//! and browser. Screenshots of every page go to target/e2e/screenshots/ (or $AX_E2E_ARTIFACTS).
 
 mod common;
 
@@ -158,9 +158,13 @@ async fn browser() -> (Driver, Browser) {
     (driver, client)
 }
 
-/// Saves what the browser shows as target/e2e/screenshots/NAME.png.
+/// Saves what the browser shows as screenshots/NAME.png among the e2e artifacts
+/// ($AX_E2E_ARTIFACTS, target/e2e by default, as in e2e/run-tests.sh).
 async fn screenshot(b: &Browser, name: &str) {
-    let dir = repo_root().join("target/e2e/screenshots");
+    let artifacts = std::env::var_os("AX_E2E_ARTIFACTS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/e2e"));
+    let dir = artifacts.join("screenshots");
     std::fs::create_dir_all(&dir).unwrap();
     let png = b.screenshot().await.expect("screenshot");
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
