@@ -759,6 +759,12 @@ async fn a_change_without_the_token_or_from_another_origin_is_refused() {
         body.contains("frame-ancestors 'none'"),
         "no framing: {body}"
     );
+    // `no-referrer` would make browsers send `Origin: null` on the console's own forms.
+    assert!(
+        body.to_ascii_lowercase()
+            .contains("referrer-policy: same-origin"),
+        "{body}"
+    );
 
     type Headers<'a> = Vec<(&'a str, &'a str)>;
     let refused: [(&str, Headers, &str); 5] = [

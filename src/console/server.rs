@@ -264,9 +264,11 @@ fn secured(mut response: Response) -> Response {
         ),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    // Not `no-referrer`: with it, browsers send `Origin: null` on the console's own form posts
+    // (Fetch, "serialize a request origin"), which the Origin check must refuse.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
