@@ -186,13 +186,62 @@ where
     }
 }
 
-async fn attr(b: &Browser, css: &str, name: &str) -> Option<String> {
-    let e = b.find(Locator::Css(css)).await.ok()?;
-    e.attr(name).await.ok().flatten()
+// The page is re-rendered by every live update, and any change of any AxQueue in the cluster
+// (other tests run beside these) makes one; an element found in one call may be gone in the next
+// (stale). So reads are one script each: they see one version of the page.
+
+/// Runs `script` in the page; None if it fails (e.g. during a navigation).
+async fn js(b: &Browser, script: &str, args: Vec<serde_json::Value>) -> Option<serde_json::Value> {
+    b.execute(script, args).await.ok()
 }
 
+async fn attr(b: &Browser, css: &str, name: &str) -> Option<String> {
+    let v = js(
+        b,
+        "var e = document.querySelector(arguments[0]); return e ? e.getAttribute(arguments[1]) : null;",
+        vec![json!(css), json!(name)],
+    )
+    .await?;
+    v.as_str().map(str::to_string)
+}
+
+/// The rendered text of the first element `css` selects.
 async fn text(b: &Browser, css: &str) -> Option<String> {
-    b.find(Locator::Css(css)).await.ok()?.text().await.ok()
+    let v = js(
+        b,
+        "var e = document.querySelector(arguments[0]); return e ? e.innerText : null;",
+        vec![json!(css)],
+    )
+    .await?;
+    v.as_str().map(|t| t.trim().to_string())
+}
+
+/// The rendered texts of every element `css` selects.
+async fn texts(b: &Browser, css: &str) -> Vec<String> {
+    let v = js(
+        b,
+        "return Array.from(document.querySelectorAll(arguments[0])).map(function (e) { return e.innerText; });",
+        vec![json!(css)],
+    )
+    .await;
+    serde_json::from_value::<Vec<String>>(v.unwrap_or_default())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.trim().to_string())
+        .collect()
+}
+
+/// Two attributes of every element `css` selects (empty where missing).
+async fn attr_pairs(b: &Browser, css: &str, first: &str, second: &str) -> Vec<(String, String)> {
+    let v = js(
+        b,
+        "var a = arguments; return Array.from(document.querySelectorAll(a[0])).map(function (e) { \
+           return [e.getAttribute(a[1]) || '', e.getAttribute(a[2]) || '']; });",
+        vec![json!(css), json!(first), json!(second)],
+    )
+    .await
+    .expect("read the page");
+    serde_json::from_value(v).expect("pairs of strings")
 }
 
 /// How many live updates the page received (the script counts them on <body>).
@@ -227,15 +276,7 @@ async fn click(b: &Browser, css: &str) {
 }
 
 async fn notices(b: &Browser) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in b
-        .find_all(Locator::Css(".notice"))
-        .await
-        .unwrap_or_default()
-    {
-        out.push(e.text().await.unwrap_or_default());
-    }
-    out
+    texts(b, ".notice").await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -379,17 +420,7 @@ async fn task_page_draws_the_taken_path_and_retry_starts_a_new_attempt() {
         .unwrap();
     wait_live(&b).await;
     let edge = |id: &str| format!("#edge-{id}");
-    let mut taken = Vec::new();
-    for e in b
-        .find_all(Locator::Css("svg.state-machine path.edge.taken"))
-        .await
-        .unwrap()
-    {
-        taken.push((
-            e.attr("id").await.unwrap().unwrap(),
-            e.attr("data-count").await.unwrap().unwrap(),
-        ));
-    }
+    let mut taken = attr_pairs(&b, "svg.state-machine path.edge.taken", "id", "data-count").await;
     taken.sort();
     // Exactly the task's own path, as its history records it ...
     let t = task(&client, &ns, "flaky").await;
@@ -552,13 +583,7 @@ async fn dag_queue_and_dashboard_pages_show_what_the_cluster_holds() {
         .await
         .unwrap();
     wait_live(&b).await;
-    let mut nodes = Vec::new();
-    for n in b.find_all(Locator::Css("svg.dag g.node")).await.unwrap() {
-        nodes.push((
-            n.attr("data-node").await.unwrap().unwrap(),
-            n.attr("data-phase").await.unwrap().unwrap(),
-        ));
-    }
+    let mut nodes = attr_pairs(&b, "svg.dag g.node", "data-node", "data-phase").await;
     nodes.sort();
     assert_eq!(
         nodes,
