@@ -275,6 +275,18 @@ async fn click(b: &Browser, css: &str) {
     panic!("could not click {css}: {last:?}");
 }
 
+/// Clicks a button that submits a form and waits until the browser shows the page that answers
+/// it (the old page's mark is gone), so what is read next is not the old page.
+async fn click_to_load(b: &Browser, css: &str) {
+    b.execute("window.axOldPage = true;", vec![]).await.unwrap();
+    click(b, css).await;
+    eventually(&format!("the page answering {css}"), LONG, || async {
+        let old = js(b, "return window.axOldPage === true;", vec![]).await;
+        (old == Some(json!(false))).then_some(())
+    })
+    .await;
+}
+
 async fn notices(b: &Browser) -> Vec<String> {
     texts(b, ".notice").await
 }
@@ -373,7 +385,7 @@ async fn task_list_updates_live_and_cancel_cancels_exactly_the_selected() {
         text(&b, "#selected-count").await.as_deref(),
         Some("3 selected")
     );
-    click(&b, "#bulk-cancel").await;
+    click_to_load(&b, "#bulk-cancel").await;
     let shown = eventually("the cancel notices", LONG, || async {
         let n = notices(&b).await;
         (!n.is_empty()).then_some(n)
@@ -480,7 +492,7 @@ async fn task_page_draws_the_taken_path_and_retry_starts_a_new_attempt() {
     );
     screenshot(&b, "task").await;
 
-    click(&b, "#retry").await;
+    click_to_load(&b, "#retry").await;
     let shown = eventually("the retry notice", LONG, || async {
         let n = notices(&b).await;
         (!n.is_empty()).then_some(n)
@@ -668,7 +680,7 @@ async fn submit_creates_a_task_and_shows_a_schema_error_inline() {
         .await
         .unwrap();
     screenshot(&b, "submit").await;
-    click(&b, "#form-create").await;
+    click_to_load(&b, "#form-create").await;
     eventually("the new task's page", LONG, || async {
         let url = b.current_url().await.ok()?;
         url.path()
@@ -694,7 +706,7 @@ async fn submit_creates_a_task_and_shows_a_schema_error_inline() {
     )
     .await
     .unwrap();
-    click(&b, "#yaml-create").await;
+    click_to_load(&b, "#yaml-create").await;
     let errors = eventually("the schema error", LONG, || async {
         text(&b, "#yaml-errors").await
     })
@@ -723,7 +735,7 @@ async fn submit_creates_a_task_and_shows_a_schema_error_inline() {
     )
     .await
     .unwrap();
-    click(&b, "#yaml-check").await;
+    click_to_load(&b, "#yaml-check").await;
     let result = eventually("the dry run's verdict", LONG, || async {
         text(&b, "#check-result").await
     })
@@ -895,7 +907,7 @@ async fn a_read_only_user_sees_the_pages_and_is_not_allowed_to_cancel() {
     // The pods are not the viewer's to read: said, and the page still works.
     let attempts = text(&b, ".cards").await.unwrap_or_default();
     assert!(attempts.contains("Attempt 1"), "{attempts}");
-    click(&b, "#cancel").await;
+    click_to_load(&b, "#cancel").await;
     let shown = eventually("the refusal", LONG, || async {
         let n = notices(&b).await;
         (!n.is_empty()).then_some(n)
