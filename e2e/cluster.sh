@@ -128,8 +128,26 @@ start_etcd() {
     --logger zap --log-outputs stderr
 }
 
+# The audit log records every write of the ax-operator ServiceAccount (and nothing else), so a test
+# can count the operator's own requests per namespace (tests/e2e_writes.rs).
+write_audit_policy() {
+  cat >"$STATE/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    users: ["system:serviceaccount:ax-system:ax-operator"]
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+POLICY
+}
+
 start_kube-apiserver() {
+  write_audit_policy
   start_daemon kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --audit-policy-file="$STATE/audit-policy.yaml" --audit-log-path="$STATE/audit.log" \
+    --audit-log-maxsize=200 --audit-log-maxbackup=1 \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
     --bind-address=127.0.0.1 --secure-port="$APISERVER_PORT" --insecure-port=0 \
     --advertise-address=127.0.0.1 --endpoint-reconciler-type=none \
@@ -274,11 +292,13 @@ serializeImagePulls: false
 # Images come from \`ctr import\` and cannot be pulled again: never collect them.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# Absolute floors, not percentages: on a large disk that a build has nearly filled, 1% is
+# gigabytes, and the node's DiskPressure taint would leave every real worker Pending.
 evictionHard:
   memory.available: 100Mi
-  nodefs.available: 1%
+  nodefs.available: 300Mi
   nodefs.inodesFree: 1%
-  imagefs.available: 1%
+  imagefs.available: 300Mi
 EOF
 }
 
@@ -740,6 +760,7 @@ cmd_env() {
   printf 'export PATH=%s:$PATH\n' "$TOOLS"
   printf 'export CONTAINERD_ADDRESS=%s\n' "$CONTAINERD_SOCK"
   printf 'export CONTAINERD_NAMESPACE=k8s.io\n'
+  printf 'export AX_E2E_AUDIT_LOG=%s\n' "$STATE/audit.log"
 }
 
 # A kubeconfig with a ServiceAccount's token, for running a program out of cluster under that

@@ -61,6 +61,7 @@ crds_fresh() {
   done
 }
 
+df -h "$ROOT" | tail -1 | awk '{print "disk: " $4 " free of " $2 " at the start"}'
 phase "build"
 # One package per invocation: building both together unifies their features differently from the
 # per-package test runs below, which would then rebuild everything.
@@ -68,7 +69,7 @@ cargo build --all-targets
 cargo build -p ax-sim --all-targets
 phase_done build ok
 
-unit_tests() { cargo test --lib --bins && cargo test -p ax-sim --lib --bins; }
+unit_tests() { cargo test --lib --bins && cargo test -p ax-sim -p ax-bench --lib --bins; }
 run_phase "unit and property tests" unit_tests
 run_phase "crds up to date" crds_fresh
 
@@ -112,13 +113,20 @@ start_operator
 phase_done "install CRDs, RBAC, operator" ok
 
 # Tests that start, kill or install operators themselves run after the shared one is stopped.
-OWN_OPERATOR=(e2e_restart e2e_readiness e2e_fencing_disruption e2e_cron_restart e2e_cli_restart e2e_helm)
+OWN_OPERATOR=(e2e_restart e2e_writes e2e_readiness e2e_fencing_disruption e2e_cron_restart e2e_cli_restart e2e_helm)
 shared=()
 for t in tests/e2e_*.rs; do
   name=$(basename "$t" .rs)
   [[ " ${OWN_OPERATOR[*]} " == *" $name "* ]] || shared+=(--test "$name")
 done
-run_phase "e2e: shared operator" cargo test "${shared[@]}" -- --test-threads 16
+# nextest runs the tests of every file side by side (cargo test would run the files one after
+# another); each test has a namespace of its own.
+if cargo nextest --version >/dev/null 2>&1; then
+  run_phase "e2e: shared operator" cargo nextest run --no-fail-fast --test-threads 16 \
+    --status-level fail --final-status-level slow "${shared[@]}"
+else
+  run_phase "e2e: shared operator" cargo test "${shared[@]}" -- --test-threads 16
+fi
 stop_operator
 # The image the Helm tests install: the operator as a static binary in a FROM-scratch image, built
 # in its own target dir so the debug build above stays valid.
@@ -144,6 +152,10 @@ run_phase "e2e: sim nodes" cargo test -p ax-sim --test sim_pods
 run_phase "harness tests" e2e/test-harness.sh
 
 if [ "$FAILED" != 0 ]; then
+  # What a failure on another machine needs first: free disk, the nodes' conditions and taints.
+  df -h "$ROOT" "$STATE" 2>/dev/null || true
+  kubectl get nodes -o custom-columns='NODE:.metadata.name,TAINTS:.spec.taints[*].key,CONDITIONS:.status.conditions[?(@.status=="True")].type' 2>/dev/null || true
+  kubectl get pods -A --field-selector=status.phase=Pending --no-headers 2>/dev/null | head -20 || true
   echo "operator log: $ARTIFACTS/operator.log (last lines below)"
   tail -n 40 "$ARTIFACTS/operator.log" || true
 fi

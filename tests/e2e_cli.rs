@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ax::api::{AxDag, AxQueue, AxTask, TaskPhase};
+use ax::api::{AxCron, AxDag, AxQueue, AxTask, TaskPhase};
 use common::cli::*;
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -545,8 +545,16 @@ async fn top_shows_the_queue_status_while_tasks_flow() {
         })
         .await;
     }
-    // At rest the totals agree too.
-    let q = queues.get(&name).await.unwrap();
+    // At rest the totals agree too, once the queue's status (written every 2 s) shows the rest.
+    let deadline = Instant::now() + LONG;
+    let q = loop {
+        let q = queues.get(&name).await.unwrap();
+        if q.status.as_ref().is_some_and(|s| s.running == 0) {
+            break q;
+        }
+        assert!(Instant::now() < deadline, "the queue never showed 0 running");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
     let run = ax(&ns, &["top", &name]).ok();
     let cells: Vec<String> = run
         .stdout
@@ -1103,4 +1111,96 @@ async fn retry_of_a_dag_re_runs_only_the_dead_branch() {
     );
     assert_eq!(runs("b"), 2, "the dead branch ran again: {seen:?}");
     assert_eq!(runs("d"), 1, "and what depends on it: {seen:?}");
+}
+
+#[tokio::test]
+async fn cron_list_trigger_suspend_and_resume() {
+    let client = client().await;
+    operator_leading(&client).await;
+    let ns = namespace(&client, "cli-cron").await;
+    // Once a year: nothing fires during the test but the manual run.
+    let cron: AxCron = serde_json::from_value(json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxCron",
+        "metadata": {"name": "yearly"},
+        "spec": {"schedule": "0 0 1 1 *", "timeZone": "Europe/Berlin",
+            "task": {"type": "cli-cron", "retry": {"maxRetries": 0},
+                "template": {"spec": sim_pod_spec(100, 0, false)}}},
+    }))
+    .unwrap();
+    let crons: Api<AxCron> = Api::namespaced(client.clone(), &ns);
+    crons.create(&PostParams::default(), &cron).await.unwrap();
+    wait_for(&client, &ns, "yearly", LONG, |c: &AxCron| {
+        c.status
+            .as_ref()
+            .is_some_and(|s| s.next_schedule_time.is_some())
+    })
+    .await;
+
+    let list = ax(&ns, &["cron", "list"]).ok();
+    let lines: Vec<&str> = list.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{list:#?}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "NEXT", "STATUS"
+        ]
+    );
+    assert!(lines[1].starts_with("yearly"), "{list:#?}");
+    assert!(lines[1].contains("Europe/Berlin"), "{list:#?}");
+    assert!(lines[1].ends_with("Scheduled"), "{list:#?}");
+
+    // Fire now: one child from the template, owned by the cron, that runs like any task.
+    let fired = ax(&ns, &["cron", "trigger", "yearly"]).ok();
+    let child = fired
+        .stdout
+        .trim()
+        .strip_prefix("axtask/")
+        .and_then(|rest| rest.split_once(' '))
+        .map(|(name, _)| name.to_string())
+        .unwrap_or_else(|| panic!("{fired:#?}"));
+    assert!(child.starts_with("yearly-manual-"), "{fired:#?}");
+    let done = wait_task(&client, &ns, &child, LONG, |t| {
+        phase(t).is_some_and(TaskPhase::is_terminal)
+    })
+    .await;
+    assert_eq!(phase(&done), Some(TaskPhase::Succeeded));
+    assert_eq!(done.labels()["ax.dev/cron"], "yearly");
+    assert_eq!(done.owner_references()[0].kind, "AxCron");
+    let after = crons.get("yearly").await.unwrap();
+    assert!(
+        after.status.unwrap().last_schedule_time.is_none(),
+        "a manual run is no firing of the schedule"
+    );
+
+    // Suspend and resume through the spec; the operator reports each.
+    let suspended = ax(&ns, &["cron", "suspend", "yearly"]).ok();
+    assert_eq!(suspended.stdout.trim(), "axcron/yearly suspended");
+    wait_for(&client, &ns, "yearly", LONG, |c: &AxCron| {
+        c.spec.suspend && cron_suspended(c) == Some("True")
+    })
+    .await;
+    let list = ax(&ns, &["cron", "list", "--no-headers"]).ok();
+    assert!(list.stdout.trim_end().ends_with("Suspended"), "{list:#?}");
+    let resumed = ax(&ns, &["cron", "resume", "yearly"]).ok();
+    assert_eq!(resumed.stdout.trim(), "axcron/yearly resumed");
+    wait_for(&client, &ns, "yearly", LONG, |c: &AxCron| {
+        !c.spec.suspend && cron_suspended(c) == Some("False")
+    })
+    .await;
+
+    let missing = ax(&ns, &["cron", "trigger", "nope"]).one_line_error();
+    assert!(
+        missing.contains("axcron \"nope\" not found in namespace"),
+        "{missing}"
+    );
+}
+
+fn cron_suspended(c: &AxCron) -> Option<&str> {
+    c.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|k| k.type_ == "Suspended")
+        .map(|k| k.status.as_str())
 }

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     name = "kubectl-ax",
     bin_name = "kubectl-ax",
     version,
-    about = "The ax console: list, inspect, re-run and cancel AxTasks, show DAGs and queues",
+    about = "The ax console: list, inspect, re-run and cancel AxTasks, show DAGs, queues and crons",
     propagate_version = true
 )]
 pub struct Cli {
@@ -82,6 +82,8 @@ pub enum Command {
     /// The web console: tasks, the state machine of each, queues, DAGs, a dashboard, a submit
     /// form, served on 127.0.0.1 with your own credentials.
     Ui(UiArgs),
+    /// AxCrons: list them, fire one now, suspend or resume one.
+    Cron(CronArgs),
     /// Shell completion script for bash, zsh or fish.
     Completion(CompletionArgs),
     /// The version of kubectl-ax, the API server and who holds the operator Lease.
@@ -194,6 +196,33 @@ pub struct DagArgs {
     /// Output format: json or yaml (the AxDag as stored), or name.
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<OutputFormat>,
+}
+
+#[derive(Args, Debug)]
+pub struct CronArgs {
+    #[command(subcommand)]
+    pub command: CronCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CronCommand {
+    /// AxCrons with their schedule, last and next run, and whether they are suspended.
+    #[command(visible_alias = "ls")]
+    List(CronListArgs),
+    /// Fire now, once: create one child from the cron's template (like `kubectl create job
+    /// --from=cronjob/NAME`); the schedule goes on as before.
+    Trigger { name: String },
+    /// Stop firing (`spec.suspend: true`); runs already started go on.
+    Suspend { name: String },
+    /// Fire again on schedule (`spec.suspend: false`); missed times follow the misfire policy.
+    Resume { name: String },
+}
+
+#[derive(Args, Debug)]
+pub struct CronListArgs {
+    /// No header line.
+    #[arg(long)]
+    pub no_headers: bool,
 }
 
 #[derive(Args, Debug)]

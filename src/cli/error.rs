@@ -9,6 +9,7 @@ pub enum Resource {
     Task,
     Dag,
     Queue,
+    Cron,
     Pod,
     /// A pod's logs (RBAC: `get pods/log`).
     PodLog,
@@ -22,6 +23,7 @@ impl Resource {
             Resource::Task => "axtask",
             Resource::Dag => "axdag",
             Resource::Queue => "axqueue",
+            Resource::Cron => "axcron",
             Resource::Pod => "pod",
             Resource::PodLog => "pod log",
             Resource::Lease => "lease",
@@ -34,6 +36,7 @@ impl Resource {
             Resource::Task => "axtasks.ax.dev",
             Resource::Dag => "axdags.ax.dev",
             Resource::Queue => "axqueues.ax.dev",
+            Resource::Cron => "axcrons.ax.dev",
             Resource::Pod => "pods",
             Resource::PodLog => "pods/log",
             Resource::Lease => "leases.coordination.k8s.io",
@@ -42,7 +45,10 @@ impl Resource {
 
     /// Served by the ax CRDs (a 404 on the collection means they are not installed).
     pub fn is_custom(self) -> bool {
-        matches!(self, Resource::Task | Resource::Dag | Resource::Queue)
+        matches!(
+            self,
+            Resource::Task | Resource::Dag | Resource::Queue | Resource::Cron
+        )
     }
 }
 

@@ -6,6 +6,7 @@
 //! Errors are one line on stderr (`error: ...`) and exit code 1; usage errors exit 2 (clap).
 
 pub mod args;
+pub mod cron;
 pub mod ctx;
 pub mod dag;
 pub mod describe;
@@ -62,6 +63,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Submit(args) => submit::run(&ctx, args).await,
         Command::Wait(args) => wait::run(&ctx, args).await,
         Command::Ui(args) => crate::console::run(ctx, args).await,
+        Command::Cron(args) => cron::run(&ctx, args).await,
         Command::Version(_) => version(&ctx).await,
         Command::Completion(_) => unreachable!("handled before connecting"),
     }

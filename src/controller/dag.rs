@@ -20,7 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::write::{self, ApiError};
-use super::{Error, FIELD_MANAGER, Result};
+use super::{Error, FIELD_MANAGER, Result, cache};
 use crate::api::{
     AxDag, AxDagStatus, AxTask, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK, TaskPhase,
 };
@@ -114,10 +114,16 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
     let (children, children_writer) = reflector::store();
     let child_events = reflector::reflector(
         children_writer,
-        watcher(tasks, watcher::Config::default().labels(LABEL_DAG)).default_backoff(),
+        // From the watch cache, stripped like the task controller's copies (see `cache`).
+        watcher(
+            tasks,
+            watcher::Config::default().labels(LABEL_DAG).any_semantic(),
+        )
+        .default_backoff()
+        .modify(cache::task),
     )
     .touched_objects();
-    let controller = Controller::new(dags, watcher::Config::default())
+    let controller = Controller::new(dags, watcher::Config::default().any_semantic())
         .owns_stream(child_events)
         .shutdown_on_signal();
     let ctx = Arc::new(DagContext {

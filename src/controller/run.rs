@@ -58,14 +58,14 @@ pub async fn run(
     let (nodes, nodes_writer) = reflector::store();
     let node_watch = reflector::reflector(
         nodes_writer,
-        watcher(nodes_api, watcher::Config::default()).default_backoff(),
+        watcher(nodes_api, watcher::Config::default().any_semantic()).default_backoff(),
     )
     .for_each(|_| async {});
 
     let (queue_store, queues_writer) = reflector::store();
     let queue_events = reflector::reflector(
         queues_writer,
-        watcher(queues_api, watcher::Config::default()).default_backoff(),
+        watcher(queues_api, watcher::Config::default().any_semantic()).default_backoff(),
     );
 
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.

@@ -69,11 +69,18 @@ pub fn api_message(error: &kube::Error) -> String {
 /// stale decision fails with a conflict instead of overwriting newer state. A PUT of the status
 /// subresource, not an apply: the reconciler owns the whole status, and a replace costs the API
 /// server a fraction of a server-side apply's merge — the status write is on every task's path.
-/// The body is the cached copy with the new status; the API server takes only its `status`.
+/// The API server keeps everything of the stored object but its `status`, so the body carries only
+/// what names the object and the precondition: the cached copy's cache-only annotations would
+/// otherwise be recorded as ours in managedFields.
 pub async fn task_status(client: &Client, task: &AxTask, status: &AxTaskStatus) -> Result<AxTask> {
     let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxTask> = Api::namespaced(client.clone(), &namespace);
-    let mut body = task.clone();
+    let mut body = AxTask::new(&task.name_any(), task.spec.clone());
+    body.metadata.namespace = Some(namespace.clone());
+    body.metadata.uid = task.metadata.uid.clone();
+    body.metadata.resource_version = task.metadata.resource_version.clone();
+    body.spec.template = Default::default();
+    body.spec.payload = None;
     body.status = Some(status.clone());
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),

@@ -1,0 +1,143 @@
+//! The operator's writes for a batch of tasks, as the API server's audit log records them: no
+//! status write loses a race to another writer of the operator, no pod create finds its pod
+//! already there, and each visible change is one write. A check of the write path, not a timing
+//! test. Runs with its own operator (the only one writing), counting the requests in its namespace.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use ax::api::TaskPhase;
+use common::sim::{SimWorker, sim_task_with};
+use common::*;
+
+/// (verb, group/resource[/subresource], code) → requests.
+type Requests = BTreeMap<(String, String, String), f64>;
+
+/// The operator's writes in `namespace`, from the API server's audit log (e2e/cluster.sh records
+/// every write of the ax-operator ServiceAccount): what the API server received, counted by it.
+fn operator_writes(namespace: &str) -> Requests {
+    let path =
+        std::env::var("AX_E2E_AUDIT_LOG").expect("AX_E2E_AUDIT_LOG (eval e2e/cluster.sh env)");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut out = Requests::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let object = &event["objectRef"];
+        if event["stage"] != "ResponseComplete" || object["namespace"] != namespace {
+            continue;
+        }
+        let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let mut resource = format!(
+            "{}/{}",
+            field(&object["apiGroup"]),
+            field(&object["resource"])
+        );
+        if let Some(sub) = object["subresource"].as_str() {
+            resource = format!("{resource}/{sub}");
+        }
+        let code = event["responseStatus"]["code"].to_string();
+        *out.entry((field(&event["verb"]), resource, code))
+            .or_default() += 1.0;
+    }
+    out
+}
+
+fn sum(requests: &Requests, resource: &str, code: impl Fn(&str) -> bool) -> f64 {
+    requests
+        .iter()
+        .filter(|((_, r, c), _)| r == resource && code(c))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn start_operator() -> Child {
+    let bin = std::env::var("AX_OPERATOR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
+    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
+    let log_dir = repo_root().join("target/e2e");
+    std::fs::create_dir_all(&log_dir).unwrap();
+    let log = std::fs::File::create(log_dir.join("operator-writes.log")).unwrap();
+    Command::new(bin)
+        .args(["--identity", "writes"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info")
+        .env("AX_METRICS_ADDR", "127.0.0.1:0")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start ax-operator")
+}
+
+#[tokio::test]
+async fn a_batch_of_tasks_costs_one_write_per_visible_change_and_no_conflicts() {
+    const TASKS: usize = 80;
+    let client = client().await;
+    let warm_ns = namespace(&client, "writes-warm-up").await;
+    let ns = namespace(&client, "writes").await;
+    let mut operator = start_operator();
+    // The operator is up and has listed when it has run a first task (in a namespace of its own,
+    // so the count below is the batch's alone).
+    let worker = SimWorker::running_for(100).start_ms(100);
+    create(
+        &client,
+        &warm_ns,
+        &sim_task_with("warm-up", "writes", &worker, |_| {}),
+    )
+    .await;
+    wait_phase(&client, &warm_ns, "warm-up", TaskPhase::Succeeded, LONG).await;
+
+    for i in 0..TASKS {
+        create(
+            &client,
+            &ns,
+            &sim_task_with(&format!("w-{i}"), "writes", &worker, |_| {}),
+        )
+        .await;
+    }
+    for i in 0..TASKS {
+        let t = wait_task(
+            &client,
+            &ns,
+            &format!("w-{i}"),
+            Duration::from_secs(180),
+            |t| phase(t).is_some_and(TaskPhase::is_terminal),
+        )
+        .await;
+        assert_eq!(phase(&t), Some(TaskPhase::Succeeded), "{:#?}", history(&t));
+    }
+    // Events are sent in the background.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    operator.kill().unwrap();
+    operator.wait().unwrap();
+
+    let writes = operator_writes(&ns);
+    let table: String = writes
+        .iter()
+        .map(|((verb, resource, code), n)| format!("  {verb:7} {resource:40} {code} {n}\n"))
+        .collect();
+    let n = TASKS as f64;
+    let status_conflicts = sum(&writes, "ax.dev/axtasks/status", |c| c == "409");
+    let pod_conflicts = sum(&writes, "/pods", |c| c == "409");
+    let status_writes = sum(&writes, "ax.dev/axtasks/status", |c| c.starts_with('2'));
+    let pod_creates = sum(&writes, "/pods", |c| c == "201");
+    let events = sum(&writes, "events.k8s.io/events", |_| true) + sum(&writes, "/events", |_| true);
+    println!("writes for {TASKS} tasks:\n{table}");
+    assert_eq!(status_conflicts, 0.0, "status writes lost a race:\n{table}");
+    assert_eq!(
+        pod_conflicts, 0.0,
+        "pod creates found their pod already there:\n{table}"
+    );
+    assert_eq!(pod_creates, n, "one pod per task:\n{table}");
+    // New → Scheduled, → Running, → Succeeded: at most three visible changes per task.
+    assert!(
+        status_writes <= 3.0 * n,
+        "{status_writes} status writes:\n{table}"
+    );
+    // One Event per task (its outcome), none for the routine steps.
+    assert!(events <= 1.2 * n, "{events} Event writes:\n{table}");
+}
