@@ -552,7 +552,10 @@ async fn top_shows_the_queue_status_while_tasks_flow() {
         if q.status.as_ref().is_some_and(|s| s.running == 0) {
             break q;
         }
-        assert!(Instant::now() < deadline, "the queue never showed 0 running");
+        assert!(
+            Instant::now() < deadline,
+            "the queue never showed 0 running"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     let run = ax(&ns, &["top", &name]).ok();
