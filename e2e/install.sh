@@ -46,7 +46,7 @@ PIN
 
 debian_packages() {
   local want=(etcd-server containerd runc containernetworking-plugins busybox-static podman
-    openssl jq rsync gcc make iproute2 iptables curl prometheus)
+    openssl jq rsync gcc make iproute2 iptables curl prometheus chromium chromium-driver)
   local missing=()
   for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

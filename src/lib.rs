@@ -2,10 +2,12 @@
 //!
 //! `api` holds the custom resource types, `core` every decision as pure functions over plain data,
 //! `controller` the thin reconcilers that read, decide with the core, and write; `ops` metrics, the
-//! HTTP endpoints and leader election; `cli` the `kubectl ax` plugin (binary `kubectl-ax`).
+//! HTTP endpoints and leader election; `cli` the `kubectl ax` plugin (binary `kubectl-ax`), and
+//! `console` its web console (`kubectl ax ui`).
 
 pub mod api;
 pub mod cli;
+pub mod console;
 pub mod controller;
 pub mod core;
 pub mod ops;

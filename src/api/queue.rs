@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use jiff::Timestamp;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -252,6 +253,9 @@ pub struct AxQueueStatus {
     /// Task types whose circuit is open or half-open.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub open_circuits: Vec<String>,
+    /// The breaker of each type in `openCircuits`: open until when, or half-open.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub circuits: Vec<CircuitStatus>,
     /// Length of `openCircuits`, for `kubectl get`.
     #[serde(default)]
     pub open_circuit_count: i64,
@@ -270,6 +274,21 @@ pub struct AxQueueStatus {
     /// The last generation the operator has seen (`InvalidSpec` says whether it is in force).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// One circuit breaker that is not closed.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitStatus {
+    /// The task type.
+    #[serde(rename = "type")]
+    pub task_type: String,
+    /// `Open` (nothing of the type is dispatched) or `HalfOpen` (one probe may run).
+    pub state: String,
+    /// When an open breaker lets one probe through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::api::date_time")]
+    pub reopens_at: Option<Timestamp>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]

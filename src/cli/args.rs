@@ -79,6 +79,9 @@ pub enum Command {
     Submit(SubmitArgs),
     /// Wait until tasks (or `dag/NAME`) finish; exit 0 only when the condition holds.
     Wait(WaitArgs),
+    /// The web console: tasks, the state machine of each, queues, DAGs, a dashboard, a submit
+    /// form, served on 127.0.0.1 with your own credentials.
+    Ui(UiArgs),
     /// AxCrons: list them, fire one now, suspend or resume one.
     Cron(CronArgs),
     /// Shell completion script for bash, zsh or fish.
@@ -311,6 +314,20 @@ pub struct WaitArgs {
     /// Give up after this long (seconds, or a duration like `10m`).
     #[arg(long, default_value = "10m")]
     pub timeout: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct UiArgs {
+    /// Port to listen on (0: any free port; the URL printed says which).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Address to listen on. Without it only this machine can connect (127.0.0.1); anyone who
+    /// can reach another address and has the URL acts with your credentials.
+    #[arg(long)]
+    pub address: Option<std::net::IpAddr>,
+    /// Open the console in a browser ($BROWSER, else xdg-open).
+    #[arg(long)]
+    pub open: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 use std::fmt;
 
 /// A kind of object the CLI reads or writes, named as kubectl names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Resource {
     Task,
     Dag,

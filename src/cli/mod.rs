@@ -62,6 +62,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Top(args) => top::run(&ctx, args).await,
         Command::Submit(args) => submit::run(&ctx, args).await,
         Command::Wait(args) => wait::run(&ctx, args).await,
+        Command::Ui(args) => crate::console::run(ctx, args).await,
         Command::Cron(args) => cron::run(&ctx, args).await,
         Command::Version(_) => version(&ctx).await,
         Command::Completion(_) => unreachable!("handled before connecting"),

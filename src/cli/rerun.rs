@@ -219,7 +219,7 @@ async fn select(
     Ok(selection)
 }
 
-fn patch_params(dry_run: bool) -> PatchParams {
+pub fn patch_params(dry_run: bool) -> PatchParams {
     let mut params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
@@ -236,8 +236,9 @@ where
     Api::namespaced(ctx.client.clone(), &ns)
 }
 
-/// Patches the re-run request, reading again and deciding again after each conflict.
-async fn rerun<K>(
+/// Patches the re-run request, reading again and deciding again after each conflict; the
+/// decision acted on and the `spec.rerun` written (0 when nothing was patched).
+pub async fn rerun<K>(
     ctx: &Ctx,
     resource: Resource,
     first: K,
@@ -393,6 +394,26 @@ fn confirm(question: &str) -> Result<bool, CliError> {
     ))
 }
 
+/// Sets `spec.cancel: true` on the task if it is not finished and not canceled already; the
+/// decision taken.
+pub async fn cancel_task(
+    ctx: &Ctx,
+    task: &AxTask,
+    params: &PatchParams,
+) -> Result<CancelDecision, CliError> {
+    let decision = cancel_decision_task(task);
+    if matches!(decision, CancelDecision::Cancel { .. }) {
+        let op = Op::new("patch", Resource::Task)
+            .namespace(task.namespace().as_deref())
+            .name(&task.name_any());
+        api_for(ctx, task)
+            .patch(&task.name_any(), params, &Patch::Merge(cancel_patch()))
+            .await
+            .map_err(|e| from_kube(&op, e))?;
+    }
+    Ok(decision)
+}
+
 pub async fn cancel(ctx: &Ctx, args: &CancelArgs) -> Result<(), CliError> {
     let targets = parse_targets(&args.targets)?;
     let by_selection = args.selector.is_some() || args.queue.is_some();
@@ -460,19 +481,7 @@ pub async fn cancel(ctx: &Ctx, args: &CancelArgs) -> Result<(), CliError> {
         let (decision, result) = match &item {
             Item::Task(t) => {
                 let d = cancel_decision_task(t);
-                let r = if matches!(d, CancelDecision::Cancel { .. }) {
-                    let op = Op::new("patch", Resource::Task)
-                        .namespace(t.namespace().as_deref())
-                        .name(&t.name_any());
-                    api_for(ctx, t)
-                        .patch(&t.name_any(), &params, &Patch::Merge(cancel_patch()))
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| from_kube(&op, e))
-                } else {
-                    Ok(())
-                };
-                (d, r)
+                (d, cancel_task(ctx, t, &params).await.map(|_| ()))
             }
             Item::Dag(dag) => {
                 let d = cancel_decision_dag(dag);

@@ -55,7 +55,23 @@ pub fn build_task(
     payload: Option<Value>,
     namespace: &str,
 ) -> Result<AxTask, CliError> {
-    let from_file = base.is_some();
+    let what = if base.is_some() {
+        "the manifest"
+    } else {
+        "the task"
+    };
+    let task = build_task_value(args, base, payload, namespace)?;
+    serde_json::from_value(task).map_err(|e| usage(format!("{what} is not a valid AxTask: {e}")))
+}
+
+/// `build_task` before it is read as an AxTask: what the API server would be sent, so that its
+/// schema validation (a dry run) can judge fields this client would refuse to parse.
+pub fn build_task_value(
+    args: &SubmitArgs,
+    base: Option<Value>,
+    payload: Option<Value>,
+    namespace: &str,
+) -> Result<Value, CliError> {
     let mut task = base.unwrap_or_else(|| {
         json!({
             "apiVersion": "ax.dev/v1alpha1",
@@ -218,12 +234,7 @@ pub fn build_task(
         let prefix: String = task_type.chars().take(50).collect();
         task["metadata"]["generateName"] = format!("{prefix}-").into();
     }
-    let what = if from_file {
-        "the manifest"
-    } else {
-        "the task"
-    };
-    serde_json::from_value(task).map_err(|e| usage(format!("{what} is not a valid AxTask: {e}")))
+    Ok(task)
 }
 
 fn capitalized(text: &str) -> String {

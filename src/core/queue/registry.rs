@@ -11,6 +11,7 @@ use std::ops::Bound;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::breaker::BreakerState;
 use super::config::{QueueConfig, QueueSpecError, queue_config};
 use super::dispatcher::{Dispatcher, HeldReason, Outcome, PendingTask};
 use crate::api::{AxQueue, AxQueueSpec, AxTask, AxTaskSpec, AxTaskStatus, Priority};
@@ -89,6 +90,8 @@ pub struct QueueReport {
     /// The concurrency limit in force.
     pub concurrency: u32,
     pub open_circuits: Vec<String>,
+    /// The state of each breaker in `open_circuits`.
+    pub circuits: Vec<(String, BreakerState)>,
     pub dispatched: i64,
     pub dead: i64,
     pub retry_tokens: u32,
@@ -358,11 +361,12 @@ impl Registry {
                 let stats = entry.dispatcher.stats(now);
                 let exists = entry.availability != Availability::NotFound;
                 // A deleted queue's breakers decide nothing until it comes back.
-                let open_circuits = if exists {
-                    stats.open_circuits.into_iter().map(|(t, _)| t).collect()
+                let circuits = if exists {
+                    stats.open_circuits
                 } else {
                     Vec::new()
                 };
+                let open_circuits = circuits.iter().map(|(t, _)| t.clone()).collect();
                 QueueReport {
                     name: name.clone(),
                     exists,
@@ -370,6 +374,7 @@ impl Registry {
                     running: stats.running,
                     concurrency: entry.dispatcher.config().concurrency,
                     open_circuits,
+                    circuits,
                     dispatched: entry.dispatched_base.saturating_add(entry.dispatched),
                     dead: entry.dead_base.saturating_add(entry.dead),
                     retry_tokens: stats.retry_tokens,

@@ -3,8 +3,9 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::breaker::BreakerState;
 use super::registry::QueueReport;
-use crate::api::{AxQueueStatus, Condition, PendingCounts, Priority};
+use crate::api::{AxQueueStatus, CircuitStatus, Condition, PendingCounts, Priority};
 
 /// The status a queue should show: the report's counts, and the `InvalidSpec` condition, whose
 /// transition time moves only when its value does.
@@ -52,6 +53,21 @@ pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp
         running: i64::try_from(report.running).unwrap_or(i64::MAX),
         open_circuit_count: i64::try_from(report.open_circuits.len()).unwrap_or(i64::MAX),
         open_circuits: report.open_circuits.clone(),
+        circuits: report
+            .circuits
+            .iter()
+            .map(|(task_type, state)| CircuitStatus {
+                task_type: task_type.clone(),
+                state: match state {
+                    BreakerState::HalfOpen { .. } => "HalfOpen".into(),
+                    _ => "Open".into(),
+                },
+                reopens_at: match state {
+                    BreakerState::Open { until } => Some(*until),
+                    _ => None,
+                },
+            })
+            .collect(),
         dispatched: report.dispatched,
         dead: report.dead,
         retry_tokens: i64::from(report.retry_tokens),
