@@ -1,6 +1,8 @@
 //! ax-sim: simulated Kubernetes nodes for scale tests (the approach KWOK takes). It registers Node
 //! objects no kubelet runs, keeps them Ready, and drives the pods scheduled on them through the
-//! status subresource as their env asks (see `script.rs`).
+//! status subresource as their env asks (see `script.rs`). Each node reports the capacity and
+//! pressure conditions its annotations ask for; `--pool` makes the nodes a test's private pool
+//! (`nodes.rs`).
 
 mod nodes;
 mod pods;
@@ -34,6 +36,10 @@ struct Args {
     /// Node names are PREFIX-0 … PREFIX-(N-1).
     #[arg(long, env = "AX_SIM_PREFIX", default_value = "ax-sim")]
     prefix: String,
+    /// Register the nodes as a private pool: label and taint `ax.dev/sim-pool=POOL` instead of
+    /// `ax.dev/sim-node=true`, so only pods selecting that pool land there (a test's own nodes).
+    #[arg(long, env = "AX_SIM_POOL")]
+    pool: Option<String>,
     /// Most API writes in flight at once.
     #[arg(long, env = "AX_SIM_API_CONCURRENCY", default_value_t = 32)]
     api_concurrency: usize,
@@ -128,7 +134,14 @@ async fn run(args: Args) -> Result<(), SimError> {
             }
         };
         let names = nodes::node_names(&args.prefix, args.nodes);
-        let sim_nodes = SimNodes::new(client.clone(), writer.clone(), names, kubelet_version);
+        let marker = nodes::Marker::for_pool(args.pool.as_deref());
+        let sim_nodes = SimNodes::new(
+            client.clone(),
+            writer.clone(),
+            names,
+            marker,
+            kubelet_version,
+        );
         register_until_done(&sim_nodes).await;
         tracing::info!(
             nodes = args.nodes,
@@ -139,6 +152,7 @@ async fn run(args: Args) -> Result<(), SimError> {
         let driver = PodDriver::new(client.clone(), writer, sim_nodes.names(), counters.clone());
         tokio::join!(
             sim_nodes.keep_alive(),
+            sim_nodes.watch(),
             driver.run(),
             report_progress(counters)
         );

@@ -2,11 +2,13 @@
 //! one queue with its priority buckets (`dispatcher`), and its parts — bucket weights and their
 //! schedule (`weights`), the circuit breaker per task type (`breaker`), the retry token bucket
 //! (`token_bucket`) — the registry of every queue and where each task is (`registry`), the status a
-//! queue shows (`status`), the adaptive concurrency (`adaptive`) and the estimated start of a
-//! waiting task (`estimate`). No client, no clock: time comes in as arguments.
+//! queue shows (`status`), the adaptive concurrency (`adaptive`) with what it reads from the pods
+//! (`capacity`), and the estimated start of a waiting task (`estimate`). No client, no clock: time
+//! comes in as arguments.
 
 pub mod adaptive;
 pub mod breaker;
+pub mod capacity;
 pub mod config;
 pub mod dispatcher;
 pub mod estimate;
