@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod sim_pool;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -127,19 +127,20 @@ impl AdaptiveConcurrency {
             self.calm = 0;
             let healthy = seen.placed.saturating_sub(seen.on_pressured_nodes);
             let to = bounds.clamp(healthy.max(current / 2).min(current));
-            if seen.unschedulable > 0 {
+            if seen.on_pressured_nodes > 0 {
+                let message = format!(
+                    "{} pods of the queue run on nodes reporting pressure ({}), {healthy} placed elsewhere, {} Unschedulable",
+                    seen.on_pressured_nodes,
+                    seen.pressured_nodes.join(", "),
+                    seen.unschedulable
+                );
+                (to, ChangeReason::NodePressure, message)
+            } else {
                 let message = format!(
                     "{} pods of the queue are Unschedulable, {healthy} placed",
                     seen.unschedulable
                 );
                 (to, ChangeReason::PodsUnschedulable, message)
-            } else {
-                let message = format!(
-                    "{} pods of the queue run on nodes reporting pressure ({}), {healthy} placed elsewhere",
-                    seen.on_pressured_nodes,
-                    seen.pressured_nodes.join(", ")
-                );
-                (to, ChangeReason::NodePressure, message)
             }
         } else if seen.waiting > 0 && seen.held >= current {
             let to = bounds.clamp(current.saturating_add(self.step));

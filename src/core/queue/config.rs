@@ -468,4 +468,30 @@ mod tests {
         assert_eq!(config.limits_at(outside).window, None);
         assert_eq!(config.limits_at(outside).concurrency, 10);
     }
+
+    #[test]
+    fn the_queue_examples_apply_or_fail_as_they_say() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("examples/") {
+            let path = entry.expect("an entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if !name.starts_with("queue-") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("readable");
+            let queue: crate::api::AxQueue = serde_yaml::from_str(&text).expect("an AxQueue");
+            let applied = queue_config(&queue.spec);
+            assert_eq!(
+                applied.is_ok(),
+                !name.contains("invalid"),
+                "{name}: {applied:?}"
+            );
+            seen += 1;
+        }
+        assert!(seen >= 3, "queue examples found: {seen}");
+    }
 }

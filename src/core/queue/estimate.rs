@@ -169,19 +169,21 @@ impl Estimate {
                     .map_or(String::new(), |r| format!(" ({r:.1} dispatches/min)"));
                 format!("{place}, {MARKER}{}{rate}", seconds(start))
             }
-            Err(why) => {
-                let why = match why {
-                    NoEstimate::NoRate => format!(
-                        "nothing measured: no dispatch from the {} bucket in the last {} minutes",
-                        self.priority.as_str(),
-                        STALE_AFTER.as_secs() / 60
-                    ),
-                    NoEstimate::Paused => "the queue is paused (concurrency 0)".to_string(),
-                    NoEstimate::HeldApart => {
-                        "a limit of its own holds it, not its turn in the bucket".to_string()
-                    }
-                };
-                format!("{place}, {MARKER}{UNKNOWN} ({why})")
+            Err(why) => format!("{place}, {MARKER}{UNKNOWN} ({})", self.why(why)),
+        }
+    }
+
+    /// Why there is no estimated start, in words (no parentheses: the message is parsed back).
+    fn why(&self, why: NoEstimate) -> String {
+        match why {
+            NoEstimate::NoRate => format!(
+                "nothing measured: no dispatch from the {} bucket in the last {} minutes",
+                self.priority.as_str(),
+                STALE_AFTER.as_secs() / 60
+            ),
+            NoEstimate::Paused => "the queue is paused: concurrency 0".to_string(),
+            NoEstimate::HeldApart => {
+                "a limit of its own holds it, not its turn in the bucket".to_string()
             }
         }
     }
@@ -194,14 +196,17 @@ fn seconds(t: Timestamp) -> String {
 }
 
 /// What a `Queued` message says about the start: `None` when it has no estimate part,
-/// `Some(Err(()))` for "unknown", `Some(Ok(t))` for a time.
-pub fn written_start(message: &str) -> Option<Result<Timestamp, ()>> {
+/// `Some(Err(why))` for "unknown (why)", `Some(Ok(t))` for a time.
+pub fn written_start(message: &str) -> Option<Result<Timestamp, String>> {
     let (_, rest) = message.rsplit_once(MARKER)?;
-    let token = rest.split([' ', ',', ')']).next().unwrap_or_default();
-    if token == UNKNOWN {
-        return Some(Err(()));
+    if let Some(why) = rest.strip_prefix(UNKNOWN) {
+        let why = why.trim_start();
+        let why = why.strip_prefix('(').unwrap_or(why);
+        let why = why.rsplit_once(')').map_or(why, |(inside, _)| inside);
+        return Some(Err(why.to_string()));
     }
-    Some(token.parse::<Timestamp>().map_err(|_| ()))
+    let token = rest.split([' ', ',', ')']).next().unwrap_or_default();
+    Some(token.parse::<Timestamp>().map_err(|_| token.to_string()))
 }
 
 /// Whether `new` is worth rewriting a `Queued` message that reads `written`: it gained or lost an
@@ -219,7 +224,7 @@ pub fn moved(written: &str, new: Option<&Estimate>, now: Timestamp) -> bool {
                 .unwrap_or(SignedDuration::MAX);
             shift > MIN_SHIFT.max(relative)
         }
-        (Some(Err(())), Some(Err(_))) => false,
+        (Some(Err(written_why)), Some(Err(why))) => new.is_some_and(|e| e.why(why) != written_why),
         _ => true,
     }
 }
@@ -324,8 +329,17 @@ mod tests {
         let unknown = e.clone().without_start(NoEstimate::Paused);
         assert!(moved(&text, Some(&unknown), now));
         let unknown_text = unknown.describe();
-        assert_eq!(written_start(&unknown_text), Some(Err(())));
+        assert_eq!(
+            written_start(&unknown_text),
+            Some(Err("the queue is paused: concurrency 0".to_string()))
+        );
         assert!(!moved(
+            &unknown_text,
+            Some(&e.clone().without_start(NoEstimate::Paused)),
+            now
+        ));
+        // Unknown for another reason: the message would be wrong, rewrite it.
+        assert!(moved(
             &unknown_text,
             Some(&e.clone().without_start(NoEstimate::NoRate)),
             now
