@@ -103,7 +103,7 @@ fn effective(queue: &AxQueue) -> Option<i64> {
     queue.status.as_ref()?.effective_concurrency
 }
 
-fn task_with(name: &str, queue: &str, priority: Priority, pod_spec: serde_json::Value) -> AxTask {
+fn task_with(name: &str, queue: &str, priority: Priority, template: serde_json::Value) -> AxTask {
     serde_json::from_value(json!({
         "apiVersion": "ax.dev/v1alpha1",
         "kind": "AxTask",
@@ -113,7 +113,7 @@ fn task_with(name: &str, queue: &str, priority: Priority, pod_spec: serde_json::
             "queue": queue,
             "priority": priority.as_str(),
             "retry": {"maxRetries": 0},
-            "template": {"spec": pod_spec},
+            "template": template,
         },
     }))
     .expect("an AxTask")
@@ -121,7 +121,7 @@ fn task_with(name: &str, queue: &str, priority: Priority, pod_spec: serde_json::
 
 /// A worker for the shared sim nodes that "runs" for `millis`.
 fn shared_sim_pod(millis: u64) -> serde_json::Value {
-    json!({
+    json!({"spec": {
         "nodeSelector": {"ax.dev/sim-node": "true"},
         "tolerations": [{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [{
@@ -132,7 +132,75 @@ fn shared_sim_pod(millis: u64) -> serde_json::Value {
                 {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
             ],
         }],
-    })
+    }})
+}
+
+/// Keeps about `backlog` tasks waiting in a queue, creating more as they are dispatched, until
+/// stopped: the tests need tasks waiting throughout, not hundreds created up front.
+struct Feeder {
+    created: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Feeder {
+    fn start(
+        client: &Client,
+        ns: &str,
+        queue: &str,
+        backlog: i64,
+        template: serde_json::Value,
+    ) -> Self {
+        let created = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = created.clone();
+        let (client, ns, queue) = (client.clone(), ns.to_string(), queue.to_string());
+        let task = tokio::spawn(async move {
+            let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+            loop {
+                let waiting = get_queue(&client, &queue)
+                    .await
+                    .status
+                    .map_or(0, |s| s.pending.normal);
+                let missing = usize::try_from(backlog - waiting).unwrap_or(0);
+                let start = count.load(std::sync::atomic::Ordering::Relaxed);
+                let batch: Vec<AxTask> = (start..start + missing)
+                    .map(|i| {
+                        task_with(
+                            &format!("f-{i:04}"),
+                            &queue,
+                            Priority::Normal,
+                            template.clone(),
+                        )
+                    })
+                    .collect();
+                futures::stream::iter(batch)
+                    .for_each_concurrent(8, |task| {
+                        let tasks = tasks.clone();
+                        async move {
+                            if let Err(e) = tasks.create(&PostParams::default(), &task).await {
+                                eprintln!("feeder: create {}: {e}", task.name_any());
+                            }
+                        }
+                    })
+                    .await;
+                count.fetch_add(missing, std::sync::atomic::Ordering::Relaxed);
+                // The queue status is written every 2 s: give it time to count the new ones.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        });
+        Self { created, task }
+    }
+
+    /// Stops creating; returns how many tasks it created.
+    fn stop(&self) -> usize {
+        self.task.abort();
+        self.created.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Feeder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Creates the tasks a few at a time (the API server of the test cluster is small).
@@ -463,17 +531,7 @@ async fn an_adaptive_queue_settles_at_its_nodes_capacity_and_follows_it_up() {
     )
     .await;
     let census = PodCensus::start(&client, &ns);
-    let tasks = (0..300)
-        .map(|i| {
-            task_with(
-                &format!("a-{i:03}"),
-                &queue.name,
-                Priority::Normal,
-                pool.pod_spec(6000),
-            )
-        })
-        .collect();
-    create_all(&client, &ns, tasks).await;
+    let feeder = Feeder::start(&client, &ns, &queue.name, 25, pool.template(6000));
 
     let first_decrease = wait_settled(
         &client,
@@ -527,7 +585,13 @@ async fn an_adaptive_queue_settles_at_its_nodes_capacity_and_follows_it_up() {
         &["ConcurrencyRaised"],
     )
     .await;
-    wait_all_succeeded(&client, &ns, Duration::from_secs(300)).await;
+    let created = feeder.stop();
+    let finished = wait_all_succeeded(&client, &ns, Duration::from_secs(300)).await;
+    assert!(
+        finished.len() >= created,
+        "{} of {created} tasks seen",
+        finished.len()
+    );
     run_kubectl(&["delete", "namespace", &ns, "--wait=false"], None);
     drop(pool);
 }
@@ -543,17 +607,7 @@ async fn node_pressure_shrinks_an_adaptive_queue_and_clearing_it_lets_it_grow_ba
         json!({"concurrency": 30, "concurrencyPolicy": {"mode": "Adaptive", "min": 1}}),
     )
     .await;
-    let tasks = (0..250)
-        .map(|i| {
-            task_with(
-                &format!("p-{i:03}"),
-                &queue.name,
-                Priority::Normal,
-                pool.pod_spec(4000),
-            )
-        })
-        .collect();
-    create_all(&client, &ns, tasks).await;
+    let feeder = Feeder::start(&client, &ns, &queue.name, 20, pool.template(4000));
     wait_settled(
         &client,
         &queue.name,
@@ -634,6 +688,7 @@ async fn node_pressure_shrinks_an_adaptive_queue_and_clearing_it_lets_it_grow_ba
         |q| effective(q).unwrap_or(0) >= 9,
     )
     .await;
+    feeder.stop();
     delete_tasks_and_pods(&client, &ns).await;
     drop(pool);
 }

@@ -1,5 +1,6 @@
 //! A test's own simulated nodes: an `ax-sim --pool NAME` process of the test's own, driving nodes
-//! labelled and tainted `ax.dev/sim-pool=NAME` that only the test's pods select and tolerate. The
+//! labelled and tainted `ax.dev/sim-pool=NAME` that only the test's pods (labelled so too) select
+//! and tolerate. The
 //! test may change their capacity and pressure at will (annotations `ax.dev/sim-capacity`,
 //! `ax.dev/sim-pressure`) without disturbing tests that run beside it on the shared sim nodes.
 //! Dropping the pool stops its simulator and deletes its nodes.
@@ -185,8 +186,16 @@ impl SimPool {
         }
     }
 
-    /// A worker pod spec that lands on this pool only; the simulator runs it for `millis`.
-    pub fn pod_spec(&self, millis: u64) -> serde_json::Value {
+    /// A worker pod template that lands on this pool only (and carries the pool's label, which its
+    /// simulator watches for); the simulator runs it for `millis`.
+    pub fn template(&self, millis: u64) -> serde_json::Value {
+        json!({
+            "metadata": {"labels": {POOL_LABEL: self.name}},
+            "spec": self.pod_spec(millis),
+        })
+    }
+
+    fn pod_spec(&self, millis: u64) -> serde_json::Value {
         json!({
             "nodeSelector": {POOL_LABEL: self.name},
             "tolerations": [

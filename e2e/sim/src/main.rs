@@ -38,6 +38,7 @@ struct Args {
     prefix: String,
     /// Register the nodes as a private pool: label and taint `ax.dev/sim-pool=POOL` instead of
     /// `ax.dev/sim-node=true`, so only pods selecting that pool land there (a test's own nodes).
+    /// Only pods labelled `ax.dev/sim-pool=POOL` are driven (and watched).
     #[arg(long, env = "AX_SIM_POOL")]
     pool: Option<String>,
     /// Most API writes in flight at once.
@@ -135,6 +136,7 @@ async fn run(args: Args) -> Result<(), SimError> {
         };
         let names = nodes::node_names(&args.prefix, args.nodes);
         let marker = nodes::Marker::for_pool(args.pool.as_deref());
+        let pod_selector = args.pool.is_some().then(|| marker.selector());
         let sim_nodes = SimNodes::new(
             client.clone(),
             writer.clone(),
@@ -149,7 +151,13 @@ async fn run(args: Args) -> Result<(), SimError> {
             "sim nodes ready; driving their pods"
         );
         let counters = Arc::new(Counters::default());
-        let driver = PodDriver::new(client.clone(), writer, sim_nodes.names(), counters.clone());
+        let driver = PodDriver::new(
+            client.clone(),
+            writer,
+            sim_nodes.names(),
+            pod_selector,
+            counters.clone(),
+        );
         tokio::join!(
             sim_nodes.keep_alive(),
             sim_nodes.watch(),
