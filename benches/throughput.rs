@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
+use ax_sim::worker::SimWorker;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
@@ -23,25 +24,12 @@ fn env_number(name: &str, default: u64) -> u64 {
 }
 
 fn task(name: &str, work_ms: u64) -> AxTask {
+    let worker = SimWorker::running_for(work_ms).start_ms(20);
     serde_json::from_value(serde_json::json!({
         "apiVersion": "ax.dev/v1alpha1",
         "kind": "AxTask",
         "metadata": {"name": name},
-        "spec": {
-            "type": "bench",
-            "template": {"spec": {
-                "nodeSelector": {"ax.dev/sim-node": "true"},
-                "tolerations": [{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}],
-                "containers": [{
-                    "name": "worker",
-                    "image": "localhost/ax-busybox:1",
-                    "env": [
-                        {"name": "AX_SIM_START_MS", "value": "20"},
-                        {"name": "AX_SIM_DURATION_MS", "value": work_ms.to_string()}
-                    ]
-                }]
-            }}
-        }
+        "spec": {"type": "bench", "template": {"spec": worker.pod_spec()}},
     }))
     .expect("a valid task")
 }

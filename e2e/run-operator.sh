@@ -4,6 +4,8 @@
 #
 #   e2e/run-operator.sh          start (or restart) the operator; the cluster is reused if up
 #   e2e/run-operator.sh stop     stop the operator started here
+#   e2e/run-operator.sh plugin [BINARY]   link kubectl-ax (default: the debug build) into the
+#                                tools dir that `e2e/cluster.sh env` puts on PATH: `kubectl ax` works
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${AX_E2E_DIR:-/var/lib/ax-e2e}
@@ -17,11 +19,20 @@ stop() {
   fi
   rm -f "$PIDFILE"
 }
+# kubectl runs any `kubectl-NAME` on PATH as `kubectl NAME`.
+link_plugin() {
+  local binary=${1:-${CARGO_TARGET_DIR:-target}/debug/kubectl-ax} tools=${AX_CACHE:-/var/cache/ax}/tools
+  [ -x "$binary" ] || { echo "no kubectl-ax at $binary (cargo build --bin kubectl-ax)" >&2; return 1; }
+  mkdir -p "$tools"
+  ln -sfn "$(realpath "$binary")" "$tools/kubectl-ax"
+}
 if [ "${1:-}" = stop ]; then stop; exit 0; fi
+if [ "${1:-}" = plugin ]; then link_plugin "${2:-}"; exit 0; fi
 
 e2e/cluster.sh up --sim-nodes 3
 eval "$(e2e/cluster.sh env)"
-cargo build -q --bin ax-operator
+cargo build -q --bin ax-operator --bin kubectl-ax
+link_plugin
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
 kubectl apply -f config/rbac.yaml >/dev/null
 e2e/cluster.sh sa-kubeconfig ax-system ax-operator "$STATE/ax-operator.kubeconfig"
@@ -43,5 +54,6 @@ The cluster and the operator keep running. Try:
   eval "\$(e2e/cluster.sh env)"       # KUBECONFIG and kubectl for this shell
   kubectl apply -f examples/retry.yaml && kubectl get axt -w
   kubectl describe axtask hello
+  kubectl ax list && kubectl ax describe hello && kubectl ax top
   e2e/run-operator.sh stop && e2e/cluster.sh down   # when done
 EOT

@@ -2,9 +2,13 @@
 //!
 //! `api` holds the custom resource types, `core` every decision as pure functions over plain data,
 //! `controller` the thin reconcilers that read, decide with the core, and write; `ops` metrics, the
-//! HTTP endpoints and leader election.
+//! HTTP endpoints and leader election; `cli` the `kubectl ax` plugin (binary `kubectl-ax`).
 
 pub mod api;
+pub mod cli;
 pub mod controller;
 pub mod core;
 pub mod ops;
+
+#[cfg(test)]
+mod schema_tests;

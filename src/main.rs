@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ax::controller::run::{Settings, run};
+use ax::core::egress::Allowlist;
 use ax::ops::http::{self, HttpState};
 use ax::ops::leader::{LEASE_NAME, Leadership, LeaseSettings, Role};
 use ax::ops::metrics::Metrics;
 use clap::Parser;
+use tokio::sync::watch;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
@@ -40,12 +42,24 @@ struct Args {
     /// Compete for the `ax-operator` Lease and reconcile only while holding it.
     #[arg(long, env = "AX_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
-    /// How long the Lease stays valid after its last renewal.
+    /// How long a standby waits after the Lease last changed before it takes the lease over: a
+    /// crashed leader is replaced after about this long.
     #[arg(long, env = "AX_LEASE_DURATION_SECONDS", default_value_t = 15)]
     lease_duration_seconds: u64,
-    /// How often the leader renews the Lease (less than the duration).
-    #[arg(long, env = "AX_RENEW_INTERVAL_SECONDS", default_value_t = 10)]
+    /// How long the leader keeps leading without a successful renewal (however slow the API
+    /// server answers meanwhile); less than the lease duration, the difference being the time the
+    /// old leader has to stop before a standby may start.
+    #[arg(long, env = "AX_RENEW_DEADLINE_SECONDS", default_value_t = 10)]
+    renew_deadline_seconds: u64,
+    /// How often the leader renews the Lease and a standby reads it; less than the renew deadline.
+    #[arg(long, env = "AX_RENEW_INTERVAL_SECONDS", default_value_t = 2)]
     renew_interval_seconds: u64,
+    /// Callback destinations admitted beyond public addresses, comma-separated. An address or CIDR
+    /// (`127.0.0.2`, `10.0.0.0/8`, `fd00::/8`) admits every address in it, loopback and link-local
+    /// included; a host suffix (`svc.cluster.local`) lets names equal to it or ending in it resolve
+    /// to private addresses. Everything else that is not public is refused (`CallbackRefused`).
+    #[arg(long, env = "AX_CALLBACK_ALLOW", value_delimiter = ',')]
+    callback_allow: Vec<String>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "AX_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -67,6 +81,8 @@ async fn main() -> Result<(), BoxError> {
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+    let callback_allow = Allowlist::parse(args.callback_allow.iter().map(String::as_str))?;
+    info!(allow = %callback_allow, "callbacks go to public addresses and these");
     let client = kube::Client::try_default().await?;
 
     let metrics = Arc::new(Metrics::new());
@@ -81,15 +97,18 @@ async fn main() -> Result<(), BoxError> {
     });
     info!(%addr, "serving /metrics, /healthz, /readyz");
 
+    // run() reports when every informer cache has listed; /readyz waits for it while leading.
+    let (caches_synced, synced) = watch::channel(false);
     let settings = Settings {
         default_queue_concurrency: args.concurrency,
         identity: identity.clone(),
         metrics: metrics.clone(),
+        callback_allow,
+        caches_synced,
     };
     if !args.leader_elect {
-        http_state.set_role_known(true);
-        metrics.set_leader(true);
-        http_state.set_caches_synced(true);
+        let (_always_leader, roles) = watch::channel(Role::Leader);
+        tokio::spawn(follow_readiness(http_state, metrics, roles, synced));
         return run(client, settings).await;
     }
 
@@ -98,23 +117,16 @@ async fn main() -> Result<(), BoxError> {
         lease_name: LEASE_NAME.into(),
         identity,
         lease_duration: Duration::from_secs(args.lease_duration_seconds),
-        renew_interval: Duration::from_secs(args.renew_interval_seconds),
+        renew_deadline: Duration::from_secs(args.renew_deadline_seconds),
+        retry_period: Duration::from_secs(args.renew_interval_seconds),
     };
-    let leadership = Leadership::start(client.clone(), lease).await?;
-    let mut roles = leadership.subscribe();
-    let (role_state, role_metrics) = (http_state.clone(), metrics.clone());
-    tokio::spawn(async move {
-        loop {
-            let role = *roles.borrow_and_update();
-            role_state.set_role_known(role != Role::Unknown);
-            role_metrics.set_leader(role == Role::Leader);
-            if roles.changed().await.is_err() {
-                break;
-            }
-        }
-    });
-    // A standby has nothing to sync until it leads; it is ready once its role is known.
-    http_state.set_caches_synced(true);
+    let leadership = Leadership::start(client.clone(), lease)?;
+    tokio::spawn(follow_readiness(
+        http_state,
+        metrics,
+        leadership.subscribe(),
+        synced,
+    ));
     info!(
         namespace = args.namespace,
         lease = LEASE_NAME,
@@ -126,6 +138,7 @@ async fn main() -> Result<(), BoxError> {
         _ = &mut shutdown => {
             // A standby has nothing to finish: stop at once instead of waiting out the grace period.
             info!("stopping (standby)");
+            leadership.step_down().await;
             return Ok(());
         }
     }
@@ -137,9 +150,32 @@ async fn main() -> Result<(), BoxError> {
             result
         }
         _ = leadership.lost() => {
-            // Stop at once: another replica may already be reconciling. Restarting makes us a standby.
+            // Stop at once: another replica may take over once our renew deadline has passed, and
+            // this process may still have writes in flight. Restarting makes us a standby.
             error!("lost the lease; exiting");
             std::process::exit(1);
+        }
+    }
+}
+
+/// Keeps `/readyz` and `ax_leader` in step with the role and the caches: ready once the role is
+/// known and, while leading, once every cache has listed (a standby reads no caches).
+async fn follow_readiness(
+    state: HttpState,
+    metrics: Arc<Metrics>,
+    mut roles: watch::Receiver<Role>,
+    mut synced: watch::Receiver<bool>,
+) {
+    let (mut roles_open, mut synced_open) = (true, true);
+    while roles_open || synced_open {
+        let role = *roles.borrow_and_update();
+        let caches = *synced.borrow_and_update();
+        state.set_role_known(role != Role::Unknown);
+        state.set_caches_synced(role == Role::Standby || caches);
+        metrics.set_leader(role == Role::Leader);
+        tokio::select! {
+            changed = roles.changed(), if roles_open => roles_open = changed.is_ok(),
+            changed = synced.changed(), if synced_open => synced_open = changed.is_ok(),
         }
     }
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ax::api::{AxDag, AxTask, DagNodePhase, DagPhase, TaskPhase};
+use common::sim::{SimWorker, sim_task_spec};
 use common::*;
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -377,22 +378,8 @@ async fn cancel_mid_run_cancels_the_running_children() {
 }
 
 /// A task spec for a simulated node: no real container, it "runs" for `millis` and exits 0.
-fn sim_task_spec(millis: u64) -> serde_json::Value {
-    serde_json::json!({
-        "type": "sim-step",
-        "template": {"spec": {
-            "nodeSelector": {"ax.dev/sim-node": "true"},
-            "tolerations": [{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{
-                "name": "worker",
-                "image": "localhost/ax-busybox:1",
-                "env": [
-                    {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
-                    {"name": "AX_SIM_EXIT_CODE", "value": "0"},
-                ],
-            }],
-        }},
-    })
+fn sim_step(millis: u64) -> serde_json::Value {
+    sim_task_spec("sim-step", &SimWorker::running_for(millis).exit_code(0))
 }
 
 /// 200 tasks in four blocks of a hub and 49 tasks fanning out of it; each hub waits for all 49
@@ -408,14 +395,12 @@ fn layered_dag(name: &str, parallelism: u32) -> AxDag {
         } else {
             (0..FAN).map(|i| format!("f{}-{i:02}", block - 1)).collect()
         };
-        tasks.push(
-            serde_json::json!({"name": hub, "dependsOn": hub_deps, "spec": sim_task_spec(1000)}),
-        );
+        tasks.push(serde_json::json!({"name": hub, "dependsOn": hub_deps, "spec": sim_step(1000)}));
         for i in 0..FAN {
             tasks.push(serde_json::json!({
                 "name": format!("f{block}-{i:02}"),
                 "dependsOn": [hub],
-                "spec": sim_task_spec(1000),
+                "spec": sim_step(1000),
             }));
         }
     }

@@ -5,541 +5,29 @@
 //! one operator may run at a time (they would all reconcile every namespace): run this file with
 //! `--test-threads 1`. e2e/run-tests.sh builds the static image first (its name in
 //! AX_OPERATOR_IMAGE, default `localhost/ax-operator:dev`) and stops its shared operator before it.
+//! The helpers (the release, the operator pods and Lease, metrics) are in tests/common.
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
+use common::cluster::{ApiServerPause, wait_api_server};
+use common::helm::{
+    FULLNAME, LEASE_SECONDS, RELEASE, RENEW_DEADLINE_SECONDS, Release, helm, operator_image,
+};
+use common::metrics::{Sample, metric_value, parse_metrics, scrape};
+use common::operator::{
+    LEASE_NAME, LeaseAudit, lease_holder, lease_spec, restarts, wait_leader, wait_operator_ready,
+};
+use common::sim::sim_task;
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
-
-/// Release name. Not `ax-operator`: e2e/run-tests.sh applies config/rbac.yaml, whose cluster-wide
-/// `ax-operator` ClusterRole Helm could not adopt.
-const RELEASE: &str = "axh";
-/// `<release>-<chart>`: the name of the chart's Deployment, ServiceAccount, ClusterRole, Service.
-const FULLNAME: &str = "axh-ax-operator";
-/// Namespaces of this file's tests start with this (see `common::namespace`).
-const NAMESPACE_PREFIX: &str = "e2e-helm-";
-const LEASE_NAME: &str = "ax-operator";
-const LEASE_SECONDS: u64 = 10;
-const RENEW_SECONDS: u64 = 5;
-const METRICS_PORT: u16 = 8080;
-
-// --- tools ------------------------------------------------------------------------------------
-
-fn helm_binary() -> String {
-    std::env::var("HELM").unwrap_or_else(|_| "helm".into())
-}
-
-fn chart_dir() -> PathBuf {
-    repo_root().join("charts/ax-operator")
-}
-
-/// The operator image imported into the cluster's containerd by e2e/image.sh.
-fn operator_image() -> (String, String) {
-    let image =
-        std::env::var("AX_OPERATOR_IMAGE").unwrap_or_else(|_| "localhost/ax-operator:dev".into());
-    let slash = image.rfind('/').map_or(0, |i| i + 1);
-    match image[slash..].rfind(':') {
-        Some(colon) => (
-            image[..slash + colon].to_string(),
-            image[slash + colon + 1..].to_string(),
-        ),
-        None => panic!("AX_OPERATOR_IMAGE={image} needs a tag (e.g. localhost/ax-operator:dev)"),
-    }
-}
-
-fn run(program: &str, args: &[&str]) -> Output {
-    Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Runs helm; panics with its output unless it succeeds.
-fn helm(args: &[&str]) -> String {
-    let out = run(&helm_binary(), args);
-    assert!(
-        out.status.success(),
-        "helm {} failed:\n{}{}",
-        args.join(" "),
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-/// Runs kubectl; panics with its output unless it succeeds.
-fn kubectl_ok(args: &[&str]) -> String {
-    let (ok, stdout, stderr) = run_kubectl(args, None);
-    assert!(ok, "kubectl {} failed:\n{stdout}{stderr}", args.join(" "));
-    stdout
-}
-
-// --- the release ------------------------------------------------------------------------------
-
-/// One Helm release of the chart. Dropping it uninstalls it (after printing the operator logs when
-/// the test failed), so a failed test leaves no operator running for the next one.
-struct Release {
-    namespace: String,
-    uninstalled: bool,
-}
-
-impl Release {
-    /// Installs the chart into a fresh namespace with the local image, the short lease of these
-    /// tests and `values` merged over that.
-    async fn install(client: &Client, test: &str, values: serde_json::Value) -> Release {
-        uninstall_leftover_releases();
-        // Without operator pods (replicaCount 0) the release reconciles nothing and may share the
-        // cluster with other operators.
-        if values["replicaCount"] != 0 {
-            assert_no_other_operator(client).await;
-        }
-        let namespace = namespace(client, test).await;
-        let (repository, tag) = operator_image();
-        let mut all = serde_json::json!({
-            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-            "operator": {
-                "leaseDurationSeconds": LEASE_SECONDS,
-                "renewIntervalSeconds": RENEW_SECONDS,
-                "logFilter": "info,ax=debug,kube=warn",
-            },
-        });
-        merge(&mut all, values);
-        let dir = repo_root().join("target/e2e");
-        std::fs::create_dir_all(&dir).expect("create target/e2e");
-        let values_file = dir.join(format!("helm-values-{namespace}.yaml"));
-        std::fs::write(
-            &values_file,
-            serde_yaml::to_string(&all).expect("values as YAML"),
-        )
-        .expect("write the values file");
-        let release = Release {
-            namespace,
-            uninstalled: false,
-        };
-        let chart = chart_dir();
-        helm(&[
-            "install",
-            RELEASE,
-            chart.to_str().expect("chart path is UTF-8"),
-            "--namespace",
-            &release.namespace,
-            "--values",
-            values_file.to_str().expect("values path is UTF-8"),
-        ]);
-        release
-    }
-
-    fn uninstall(&mut self) {
-        self.uninstalled = true;
-        helm(&["uninstall", RELEASE, "--namespace", &self.namespace]);
-    }
-
-    fn service_account(&self) -> String {
-        format!("system:serviceaccount:{}:{FULLNAME}", self.namespace)
-    }
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            print_operator_logs(&self.namespace);
-        }
-        if !self.uninstalled {
-            let out = run(
-                &helm_binary(),
-                &["uninstall", RELEASE, "--namespace", &self.namespace],
-            );
-            if !out.status.success() {
-                eprintln!(
-                    "helm uninstall in {} failed: {}",
-                    self.namespace,
-                    text(&out.stderr)
-                );
-            }
-        }
-        if !std::thread::panicking() {
-            // Tidy up after a pass; a failure's namespace stays for a look.
-            let _ = run_kubectl(
-                &["delete", "namespace", &self.namespace, "--wait=false"],
-                None,
-            );
-        }
-    }
-}
-
-fn merge(base: &mut serde_json::Value, over: serde_json::Value) {
-    match (base, over) {
-        (serde_json::Value::Object(base), serde_json::Value::Object(over)) => {
-            for (key, value) in over {
-                merge(base.entry(key).or_insert(serde_json::Value::Null), value);
-            }
-        }
-        (base, over) => *base = over,
-    }
-}
-
-fn print_operator_logs(namespace: &str) {
-    let selector = format!("app.kubernetes.io/instance={RELEASE}");
-    let (_, pods, _) = run_kubectl(
-        &[
-            "-n", namespace, "get", "pods", "-l", &selector, "-o", "name",
-        ],
-        None,
-    );
-    for pod in pods.lines() {
-        let (_, logs, err) = run_kubectl(&["-n", namespace, "logs", pod, "--tail=60"], None);
-        eprintln!("--- {namespace}/{pod} (last 60 lines)\n{logs}{err}");
-    }
-}
-
-// --- no other operator ------------------------------------------------------------------------
-
-/// ax-operator processes on this machine that no pod runs: an operator started by hand or by
-/// e2e/run-tests.sh, perhaps under another name (`ax-dag-operator`, …).
-fn host_operator_processes() -> Vec<String> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return found;
-    };
-    for entry in entries.flatten() {
-        let pid = entry.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmdline = text(&cmdline);
-        let program = cmdline.split('\0').next().unwrap_or_default();
-        let program = program.rsplit('/').next().unwrap_or_default();
-        if !(program.starts_with("ax") && program.contains("operator")) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let zombie = stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z'));
-        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        if zombie || cgroup.contains("kubepods") {
-            continue;
-        }
-        found.push(format!("pid {pid}: {}", cmdline.replace('\0', " ").trim()));
-    }
-    found
-}
-
-/// Leases named `ax-operator` renewed within their duration: a running, leader-elected operator.
-async fn live_leases(client: &Client) -> Vec<String> {
-    let leases: Api<Lease> = Api::all(client.clone());
-    let now = jiff::Timestamp::now();
-    leases
-        .list(&ListParams::default().fields(&format!("metadata.name={LEASE_NAME}")))
-        .await
-        .expect("list leases")
-        .items
-        .into_iter()
-        .filter_map(|lease| {
-            let spec = lease.spec.as_ref()?;
-            let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
-            let renewed = spec.renew_time.as_ref()?.0;
-            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-            let valid_until = renewed + jiff::SignedDuration::from_secs(duration);
-            (valid_until > now).then(|| {
-                format!(
-                    "{}: held by {holder}, renewed {renewed}",
-                    lease.namespace().unwrap_or_default()
-                )
-            })
-        })
-        .collect()
-}
-
-/// Uninstalls releases of this file that an interrupted run left behind: their cluster-wide RBAC
-/// would block the next install, their pods would reconcile beside the next release's.
-fn uninstall_leftover_releases() {
-    let list = helm(&["list", "--all-namespaces", "--output", "json"]);
-    let releases: Vec<serde_json::Value> = serde_json::from_str(&list).expect("helm list JSON");
-    for release in releases {
-        let namespace = release["namespace"].as_str().unwrap_or_default();
-        if release["name"] == RELEASE && namespace.starts_with(NAMESPACE_PREFIX) {
-            eprintln!("uninstalling release {RELEASE} left in {namespace} by an earlier run");
-            helm(&["uninstall", RELEASE, "--namespace", namespace]);
-        }
-    }
-}
-
-/// Fails unless no ax-operator runs: none on this machine outside pods, no live `ax-operator` Lease
-/// anywhere.
-async fn assert_no_other_operator(client: &Client) {
-    let processes = host_operator_processes();
-    assert!(
-        processes.is_empty(),
-        "another ax-operator runs on this machine; these tests install their own in the cluster and \
-         need it to be the only one (stop it, or run them through e2e/run-tests.sh, which stops its \
-         own first):\n  {}",
-        processes.join("\n  ")
-    );
-    // A deleted operator's Lease stays valid until it expires: wait that long, then fail.
-    let deadline = Instant::now() + Duration::from_secs(LEASE_SECONDS.max(15) * 2 + 5);
-    loop {
-        let live = live_leases(client).await;
-        if live.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "another ax-operator is running (its Lease keeps being renewed); stop it first:\n  {}",
-            live.join("\n  ")
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-// --- operator pods, lease, metrics ------------------------------------------------------------
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn pod_phase(pod: &Pod) -> String {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.clone())
-        .unwrap_or_default()
-}
-
-/// Why a container cannot start, when the reason is one waiting will not fix.
-fn stuck_reason(pod: &Pod) -> Option<String> {
-    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
-    statuses.iter().find_map(|s| {
-        let waiting = s.state.as_ref()?.waiting.as_ref()?;
-        let reason = waiting.reason.clone()?;
-        matches!(
-            reason.as_str(),
-            "ErrImageNeverPull"
-                | "ImagePullBackOff"
-                | "ErrImagePull"
-                | "CrashLoopBackOff"
-                | "CreateContainerConfigError"
-                | "CreateContainerError"
-        )
-        .then(|| format!("{reason}: {}", waiting.message.clone().unwrap_or_default()))
-    })
-}
-
-/// The operator pods of the release, not being deleted.
-async fn operator_pods(client: &Client, namespace: &str) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    pods.list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
-        .await
-        .expect("list operator pods")
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect()
-}
-
-/// Waits until `replicas` operator pods are Running and Ready; returns them.
-async fn wait_operator_ready(client: &Client, namespace: &str, replicas: usize) -> Vec<Pod> {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let pods = operator_pods(client, namespace).await;
-        if let Some((pod, reason)) = pods.iter().find_map(|p| stuck_reason(p).map(|r| (p, r))) {
-            let (repository, tag) = operator_image();
-            panic!(
-                "operator pod {} cannot start: {reason}\n(is {repository}:{tag} built and imported? \
-                 e2e/run-tests.sh does it; by hand: e2e/image.sh <static ax-operator binary> {repository}:{tag})",
-                pod.name_any()
-            );
-        }
-        let ready: Vec<Pod> = pods
-            .iter()
-            .filter(|p| pod_phase(p) == "Running" && pod_ready(p))
-            .cloned()
-            .collect();
-        if ready.len() == replicas && pods.len() == replicas {
-            return ready;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{replicas} operator pods not Running and Ready within 180s: {:?}",
-            pods.iter()
-                .map(|p| format!("{} {} ready={}", p.name_any(), pod_phase(p), pod_ready(p)))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-async fn lease_holder(client: &Client, namespace: &str) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    leases
-        .get_opt(LEASE_NAME)
-        .await
-        .expect("get lease")?
-        .spec?
-        .holder_identity
-        .filter(|h| !h.is_empty())
-}
-
-/// Waits until one of `candidates` holds the Lease; returns its name.
-async fn wait_leader(client: &Client, namespace: &str, candidates: &[String]) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let holder = lease_holder(client, namespace).await;
-        if let Some(holder) = holder.as_ref().filter(|h| candidates.contains(h)) {
-            return holder.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "none of {candidates:?} holds Lease {namespace}/{LEASE_NAME} within 60s (holder: {holder:?})"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// /metrics of an operator pod, through the API server's pod proxy.
-fn scrape(namespace: &str, pod: &str) -> String {
-    kubectl_ok(&[
-        "get",
-        "--raw",
-        &format!("/api/v1/namespaces/{namespace}/pods/{pod}:{METRICS_PORT}/proxy/metrics"),
-    ])
-}
-
-/// One sample of the Prometheus text format: metric name, labels, value.
-#[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-fn parse_metrics(exposition: &str) -> Vec<Sample> {
-    exposition
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .map(|line| {
-            let (series, value) = line
-                .rsplit_once(' ')
-                .unwrap_or_else(|| panic!("not a sample: {line}"));
-            let value: f64 = value
-                .parse()
-                .unwrap_or_else(|_| panic!("not a number in: {line}"));
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            // ax's label values are names and phases: no commas or quotes inside.
-            let labels = labels
-                .split(',')
-                .filter(|kv| !kv.is_empty())
-                .map(|kv| {
-                    let (k, v) = kv
-                        .split_once('=')
-                        .unwrap_or_else(|| panic!("bad label in: {line}"));
-                    (k.to_string(), v.trim_matches('"').to_string())
-                })
-                .collect();
-            Sample {
-                name: name.to_string(),
-                labels,
-                value,
-            }
-        })
-        .collect()
-}
-
-/// The sum of the samples of `name` whose labels include `labels`; None when there is none.
-fn metric_value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    samples
-        .iter()
-        .filter(|s| {
-            s.name == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-        .map(|s| s.value)
-        .reduce(|a, b| a + b)
-}
-
-// --- tasks ------------------------------------------------------------------------------------
-
-/// A task of `millis` on a simulated node; `exit_code` other than 0 makes its worker fail.
-fn sim_task(name: &str, task_type: &str, millis: u64, exit_code: i32) -> AxTask {
-    example("hello.yaml", name, |v| {
-        v["spec"]["type"] = task_type.into();
-        let spec = &mut v["spec"]["template"]["spec"];
-        spec["nodeSelector"] = serde_json::json!({"ax.dev/sim-node": "true"});
-        spec["tolerations"] = serde_json::json!([
-            {"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}]);
-        spec["containers"][0]["env"] = serde_json::json!([
-            {"name": "AX_SIM_START_MS", "value": "200"},
-            {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
-            {"name": "AX_SIM_EXIT_CODE", "value": exit_code.to_string()}]);
-    })
-}
-
-async fn tasks_in(client: &Client, namespace: &str) -> Vec<AxTask> {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), namespace);
-    api.list(&ListParams::default())
-        .await
-        .expect("list tasks")
-        .items
-}
-
-/// Waits until every task in the namespace is terminal; returns them.
-async fn wait_all_terminal(client: &Client, namespace: &str, timeout: Duration) -> Vec<AxTask> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let tasks = tasks_in(client, namespace).await;
-        let open: Vec<String> = tasks
-            .iter()
-            .filter(|t| !phase(t).is_some_and(TaskPhase::is_terminal))
-            .map(|t| format!("{} {:?}", t.name_any(), phase(t)))
-            .collect();
-        if open.is_empty() {
-            return tasks;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} tasks in {namespace} not terminal after {timeout:?}: {open:?}",
-            open.len()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-fn actor(pod: &str) -> String {
-    format!("ax-operator/{pod}")
-}
-
-/// Times of the Scheduled transitions `actor` wrote into the tasks' histories.
-fn dispatches_by(tasks: &[AxTask], actor: &str) -> Vec<jiff::Timestamp> {
-    tasks
-        .iter()
-        .flat_map(history)
-        .filter(|h| h.to == TaskPhase::Scheduled && h.actor == actor)
-        .map(|h| h.time)
-        .collect()
-}
 
 // --- tests ------------------------------------------------------------------------------------
 
@@ -959,7 +447,7 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
         &["watch", "pods", "--all-namespaces"],
         &["list", "nodes"],
         &["create", "events.events.k8s.io", "-n", "default"],
-        &["patch", "leases.coordination.k8s.io", "-n", &ns],
+        &["update", "leases.coordination.k8s.io", "-n", &ns],
         &["create", "leases.coordination.k8s.io", "-n", &ns],
     ];
     let denied: &[&[&str]] = &[
@@ -971,6 +459,8 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
         &["create", "pods", "--subresource=exec", "-n", "default"],
         &["patch", "pods", "-n", "default"],
         &["delete", "nodes"],
+        // The Lease is written by replace over the version read, never patched.
+        &["patch", "leases.coordination.k8s.io", "-n", &ns],
         &[
             "patch",
             "leases.coordination.k8s.io",
@@ -1144,4 +634,276 @@ async fn helm_uninstall_removes_all_but_the_crds_and_leaves_no_worker_pods() {
     );
     // Helm never deletes CRDs: the AxTask API and everything stored in it outlive the release.
     kubectl_ok(&["get", "crd", "axtasks.ax.dev"]);
+}
+
+// --- leader election under a slow API server and a rolling restart -----------------------------
+
+/// Starts a flow of `count` simulated tasks of 1–2 s into `ns`, one every `every`.
+fn task_flow(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &'static str,
+    count: u64,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (client, ns) = (client.clone(), ns.to_string());
+    tokio::spawn(async move {
+        for i in 0..count {
+            let task = sim_task(&format!("{prefix}-{i:03}"), prefix, 1000 + (i % 3) * 500, 0);
+            create(&client, &ns, &task).await;
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// Every task Succeeded on its first attempt, and no attempt ever had two pods.
+async fn assert_all_succeeded_once(
+    client: &kube::Client,
+    ns: &str,
+    count: usize,
+    seen: &std::sync::Mutex<PodsByAttempt>,
+) -> Vec<AxTask> {
+    let tasks = wait_all_terminal(client, ns, Duration::from_secs(300)).await;
+    assert_eq!(tasks.len(), count);
+    for t in &tasks {
+        let s = t.status.clone().expect("status");
+        assert_eq!(
+            (s.phase, s.attempt, s.retries),
+            (Some(TaskPhase::Succeeded), 1, 0),
+            "{}: {:#?}",
+            t.name_any(),
+            s.history
+        );
+        assert_history_chain(t);
+    }
+    // Pods are created before the status says so; give the watch a moment to see the last ones.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = seen.lock().expect("pod record lock");
+    let duplicated: Vec<_> = seen.iter().filter(|(_, uids)| uids.len() > 1).collect();
+    assert!(
+        duplicated.is_empty(),
+        "attempts with two pods: {duplicated:?}"
+    );
+    for t in &tasks {
+        assert!(
+            seen.contains_key(&(t.name_any(), "1".into())),
+            "no worker pod seen for {}",
+            t.name_any()
+        );
+    }
+    tasks
+}
+
+#[tokio::test]
+async fn leader_keeps_leading_through_an_api_server_pause_shorter_than_its_renew_deadline() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-pause-short", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+    let before = lease_spec(&client, &ns).await.expect("the Lease");
+
+    // Paused for 4 s: renewals are 1 s apart and the leader leads 7 s past the last one sent, so
+    // the renewal stuck in the paused server still lands in time.
+    const PAUSE: Duration = Duration::from_secs(4);
+    assert!(PAUSE.as_secs() + 2 < RENEW_DEADLINE_SECONDS);
+    let pause = ApiServerPause::start(PAUSE + Duration::from_secs(5));
+    tokio::time::sleep(PAUSE).await;
+    let paused = pause.resume();
+    wait_api_server(&client).await;
+    println!("API server paused for {paused:?}");
+
+    // Through the next renewals: the same holder, the same term, nobody restarted.
+    let watch_until = Instant::now() + Duration::from_secs(2 * LEASE_SECONDS);
+    while Instant::now() < watch_until {
+        let now = lease_spec(&client, &ns).await.expect("the Lease");
+        assert_eq!(now.holder_identity.as_deref(), Some(leader.as_str()));
+        assert_eq!(
+            (now.acquire_time.clone(), now.lease_transitions),
+            (before.acquire_time.clone(), before.lease_transitions),
+            "the leader's term did not change"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for pod in &names {
+        assert_eq!(restarts(&client, &ns, pod).await.0, 0, "{pod} restarted");
+    }
+    let logs = kubectl_ok(&["-n", &ns, "logs", &leader]);
+    assert!(
+        !logs.contains("lost lease") && !logs.contains("lost the lease"),
+        "{leader} lost its lease:\n{logs}"
+    );
+    // And it still does the work.
+    create(&client, &ns, &sim_task("after-pause", "pause", 200, 0)).await;
+    let task = wait_phase(&client, &ns, "after-pause", TaskPhase::Succeeded, LONG).await;
+    assert_eq!(dispatches_by(&[task], &actor(&leader)).len(), 1);
+}
+
+#[tokio::test]
+async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_the_lease() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-pause-long", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+    let standby = names
+        .iter()
+        .find(|n| **n != leader)
+        .expect("a standby")
+        .clone();
+
+    let (seen, watch) = record_worker_pods(&client, &ns);
+    const TASKS: u64 = 30;
+    task_flow(&client, &ns, "paused", TASKS, Duration::from_millis(100))
+        .await
+        .expect("creating the tasks");
+    // Tasks in flight when the API server stops.
+    let deadline = Instant::now() + LONG;
+    while !tasks_in(&client, &ns)
+        .await
+        .iter()
+        .any(|t| phase(t) == Some(TaskPhase::Succeeded))
+    {
+        assert!(Instant::now() < deadline, "tasks did not start flowing");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Longer than the lease: the leader cannot know whether a standby took over, so it must stop
+    // by its renew deadline, while the API server is still stopped.
+    let pause_length = Duration::from_secs(LEASE_SECONDS + 4);
+    let paused_at = jiff::Timestamp::now();
+    let pause = ApiServerPause::start(pause_length + Duration::from_secs(5));
+    tokio::time::sleep(pause_length).await;
+    pause.resume();
+    let resumed_at = jiff::Timestamp::now();
+    wait_api_server(&client).await;
+
+    // The old leader's process ended during the pause (the kubelet reports it once it can).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let finished = loop {
+        if let (n, Some(finished)) = restarts(&client, &ns, &leader).await
+            && n >= 1
+        {
+            break finished;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{leader} did not stop after a {pause_length:?} pause"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!("paused {paused_at}, {leader} exited {finished}, resumed {resumed_at}");
+    // finishedAt has whole seconds: compare within that.
+    let second = jiff::SignedDuration::from_secs(1);
+    assert!(
+        finished >= paused_at - second && finished <= resumed_at,
+        "{leader} stopped at {finished}, not during the pause ({paused_at} to {resumed_at})"
+    );
+    let previous = kubectl_ok(&["-n", &ns, "logs", &leader, "--previous"]);
+    assert!(previous.contains("lost the lease; exiting"), "{previous}");
+
+    // Someone leads again, with a renewal written after the resume, i.e. after the old leader
+    // was gone; the standby never restarted.
+    let deadline = Instant::now() + Duration::from_secs(LEASE_SECONDS * 3 + 30);
+    let holder = loop {
+        let spec = lease_spec(&client, &ns).await.unwrap_or_default();
+        let renewed = spec.renew_time.map(|t| t.0);
+        if let Some(h) = spec.holder_identity.filter(|h| !h.is_empty())
+            && renewed.is_some_and(|r| r > resumed_at)
+        {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "nobody leads after the pause");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    println!("leading after the pause: {holder}");
+    assert_eq!(
+        restarts(&client, &ns, &standby).await.0,
+        0,
+        "the standby restarted"
+    );
+
+    let tasks = assert_all_succeeded_once(&client, &ns, TASKS as usize, &seen).await;
+    watch.abort();
+    // No dispatch by the old leader's process between its exit and the resume.
+    let late: Vec<_> = dispatches_by(&tasks, &actor(&leader))
+        .into_iter()
+        .filter(|t| *t > finished + second && *t < resumed_at)
+        .collect();
+    assert!(late.is_empty(), "dispatched while stopped: {late:?}");
+}
+
+#[tokio::test]
+async fn rollout_restart_while_tasks_flow_keeps_one_leader_at_a_time() {
+    let client = client().await;
+    let release = Release::install(&client, "helm-rollout", serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    wait_leader(&client, &ns, &names).await;
+
+    let audit = LeaseAudit::start(&client, &ns);
+    let (seen, watch) = record_worker_pods(&client, &ns);
+    const TASKS: u64 = 200;
+    let creator = task_flow(&client, &ns, "rollout", TASKS, Duration::from_millis(100));
+    // Tasks flowing: a few done already.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let done = tasks_in(&client, &ns)
+            .await
+            .iter()
+            .filter(|t| phase(t) == Some(TaskPhase::Succeeded))
+            .count();
+        if done >= 5 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tasks did not start flowing");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deployment = format!("deployment/{FULLNAME}");
+    kubectl_ok(&["-n", &ns, "rollout", "restart", &deployment]);
+    kubectl_ok(&[
+        "-n",
+        &ns,
+        "rollout",
+        "status",
+        &deployment,
+        "--timeout=180s",
+    ]);
+    creator.await.expect("creating the tasks");
+    let tasks = assert_all_succeeded_once(&client, &ns, TASKS as usize, &seen).await;
+    watch.abort();
+
+    let terms = audit.stop();
+    println!("Lease terms: {terms:#?}");
+    let holders: std::collections::BTreeSet<&str> =
+        terms.iter().map(|t| t.holder.as_str()).collect();
+    assert!(
+        holders.iter().any(|h| !names.iter().any(|n| n == h)),
+        "a new pod leads after the rollout: {terms:?}"
+    );
+    for pair in terms.windows(2) {
+        let ended = pair[0].ended.expect("a term followed by another ended");
+        assert!(ended <= pair[1].acquired, "terms overlap: {pair:?}");
+    }
+    // Every dispatch was made by the holder of the Lease at that moment.
+    let mut outside = Vec::new();
+    for t in &tasks {
+        for h in history(t).iter().filter(|h| h.to == TaskPhase::Scheduled) {
+            let during_a_term = terms.iter().any(|term| {
+                actor(&term.holder) == h.actor
+                    && h.time >= term.acquired
+                    && term.ended.is_none_or(|end| h.time <= end)
+            });
+            if !during_a_term {
+                outside.push(format!("{} by {} at {}", t.name_any(), h.actor, h.time));
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "dispatches outside the dispatcher's term: {outside:#?}"
+    );
 }

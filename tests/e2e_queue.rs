@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
+use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -113,34 +114,13 @@ fn sim_task(
     millis: u64,
     exit_code: i32,
 ) -> AxTask {
-    serde_json::from_value(json!({
-        "apiVersion": "ax.dev/v1alpha1",
-        "kind": "AxTask",
-        "metadata": {"name": name},
-        "spec": {
-            "type": task_type,
-            "queue": queue,
-            "priority": priority.as_str(),
-            "retry": {"maxRetries": 0},
-            "template": {"spec": sim_pod_spec(millis, exit_code)},
-        },
-    }))
-    .expect("an AxTask")
-}
-
-fn sim_pod_spec(millis: u64, exit_code: i32) -> serde_json::Value {
-    json!({
-        "nodeSelector": {"ax.dev/sim-node": "true"},
-        "tolerations": [{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}],
-        "containers": [{
-            "name": "worker",
-            "image": "localhost/ax-busybox:1",
-            "env": [
-                {"name": "AX_SIM_START_MS", "value": "50"},
-                {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
-                {"name": "AX_SIM_EXIT_CODE", "value": exit_code.to_string()},
-            ],
-        }],
+    let worker = SimWorker::running_for(millis)
+        .start_ms(50)
+        .exit_code(exit_code);
+    sim_task_with(name, task_type, &worker, |task| {
+        task["spec"]["queue"] = queue.into();
+        task["spec"]["priority"] = priority.as_str().into();
+        task["spec"]["retry"] = json!({"maxRetries": 0});
     })
 }
 
@@ -157,37 +137,6 @@ async fn create_all(client: &Client, ns: &str, tasks: Vec<AxTask>) {
             }
         })
         .await;
-}
-
-async fn list_tasks(client: &Client, ns: &str) -> Vec<AxTask> {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
-    api.list(&ListParams::default())
-        .await
-        .expect("list tasks")
-        .items
-}
-
-/// Polls the namespace until every task is terminal.
-async fn wait_all_terminal(client: &Client, ns: &str, timeout: Duration) -> Vec<AxTask> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let tasks = list_tasks(client, ns).await;
-        let open: Vec<String> = tasks
-            .iter()
-            .filter(|t| !phase(t).is_some_and(TaskPhase::is_terminal))
-            .map(|t| t.name_any())
-            .collect();
-        if open.is_empty() {
-            return tasks;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} tasks in {ns} not finished within {timeout:?}, e.g. {:?}",
-            open.len(),
-            &open[..open.len().min(5)]
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }
 
 fn scheduled_at(task: &AxTask) -> Timestamp {
@@ -346,7 +295,7 @@ async fn patching_the_weights_mid_run_changes_the_shares() {
     // Re-weigh once about a quarter of the tasks went.
     let deadline = Instant::now() + LONG;
     loop {
-        let tasks = list_tasks(&client, &ns).await;
+        let tasks = tasks_in(&client, &ns).await;
         let started = tasks
             .iter()
             .filter(|t| t.status.as_ref().is_some_and(|s| s.scheduled_at.is_some()))
@@ -461,7 +410,7 @@ async fn a_failing_type_opens_its_circuit_while_others_flow_and_closes_when_it_r
     // The held flaky tasks say so.
     let deadline = Instant::now() + LONG;
     let held = loop {
-        let tasks = list_tasks(&client, &ns).await;
+        let tasks = tasks_in(&client, &ns).await;
         let held: Vec<AxTask> = tasks
             .into_iter()
             .filter(|t| {
@@ -488,7 +437,7 @@ async fn a_failing_type_opens_its_circuit_while_others_flow_and_closes_when_it_r
     // Meanwhile the steady type keeps being dispatched.
     let deadline = Instant::now() + LONG;
     loop {
-        let tasks = list_tasks(&client, &ns).await;
+        let tasks = tasks_in(&client, &ns).await;
         let steady_after = tasks
             .iter()
             .filter(|t| t.spec.task_type == "steady")
@@ -512,7 +461,7 @@ async fn a_failing_type_opens_its_circuit_while_others_flow_and_closes_when_it_r
     // The type recovers: the flaky tasks still waiting now succeed. The next probe closes the
     // circuit and the rest follow.
     let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
-    let waiting: Vec<String> = list_tasks(&client, &ns)
+    let waiting: Vec<String> = tasks_in(&client, &ns)
         .await
         .into_iter()
         .filter(|t| t.spec.task_type == "flaky" && phase(t) == Some(TaskPhase::Pending))
@@ -523,7 +472,7 @@ async fn a_failing_type_opens_its_circuit_while_others_flow_and_closes_when_it_r
         api.patch(
             name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": {"spec": sim_pod_spec(200, 0)}}})),
+            &Patch::Merge(json!({"spec": {"template": {"spec": SimWorker::running_for(200).start_ms(50).pod_spec()}}})),
         )
         .await
         .expect("patch flaky task");

@@ -8,6 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
+use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use kube::api::{Api, ListParams};
 
@@ -42,18 +43,13 @@ fn sigkill(child: &mut Child) {
 
 /// A task of `seconds` on the real kubelet, or on a simulated node.
 fn task(name: &str, sim: bool, seconds: u64) -> AxTask {
+    if sim {
+        let worker = SimWorker::running_for(seconds * 1000).start_ms(300);
+        return sim_task_with(name, "hello", &worker, |_| {});
+    }
     example("hello.yaml", name, |v| {
-        let spec = &mut v["spec"]["template"]["spec"];
-        if sim {
-            spec["nodeSelector"] = serde_json::json!({"ax.dev/sim-node": "true"});
-            spec["tolerations"] = serde_json::json!([{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}]);
-            spec["containers"][0]["env"] = serde_json::json!([
-                {"name": "AX_SIM_START_MS", "value": "300"},
-                {"name": "AX_SIM_DURATION_MS", "value": (seconds * 1000).to_string()}]);
-        } else {
-            spec["containers"][0]["command"] =
-                serde_json::json!(["sh", "-c", format!("sleep {seconds}")]);
-        }
+        v["spec"]["template"]["spec"]["containers"][0]["command"] =
+            serde_json::json!(["sh", "-c", format!("sleep {seconds}")]);
     })
 }
 

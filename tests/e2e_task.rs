@@ -3,9 +3,11 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ax::api::{AxTask, FailureKind, TaskPhase};
+use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams};
@@ -316,10 +318,17 @@ async fn ttl_deletes_the_finished_task_and_its_pods() {
     wait_pod_gone(&client, &ns, "short-lived-1", LONG).await;
 }
 
+/// The callback receiver's address: loopback, so the operator only calls it because its allowlist
+/// names it (e2e/run-tests.sh starts it with `AX_CALLBACK_ALLOW=127.0.0.2/32`). Not 127.0.0.1,
+/// which stays refused for `callbacks_to_the_inside_are_refused_without_a_connection`.
+const CALLBACK_RECEIVER_IP: &str = "127.0.0.2";
+
 #[tokio::test]
 async fn callback_receives_the_final_status() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind((CALLBACK_RECEIVER_IP, 0))
+        .await
+        .unwrap();
     let port = listener.local_addr().unwrap().port();
     // Refuse the first connection with a 503 to show the callback is retried.
     let server = tokio::spawn(async move {
@@ -359,7 +368,7 @@ async fn callback_receives_the_final_status() {
 
     let client = client().await;
     let ns = namespace(&client, "callback").await;
-    let url = format!("http://127.0.0.1:{port}/ax-done");
+    let url = format!("http://{CALLBACK_RECEIVER_IP}:{port}/ax-done");
     create(
         &client,
         &ns,
@@ -388,7 +397,8 @@ async fn callback_receives_the_final_status() {
     assert_eq!(
         (delivered.status.as_str(), delivered.reason.as_str()),
         ("True", "Delivered"),
-        "{delivered:?}"
+        "{delivered:?} (is the operator started with AX_CALLBACK_ALLOW={CALLBACK_RECEIVER_IP}/32, \
+         as e2e/run-tests.sh does?)"
     );
     let bodies = tokio::time::timeout(Duration::from_secs(30), server)
         .await
@@ -397,6 +407,85 @@ async fn callback_receives_the_final_status() {
     let body: serde_json::Value = serde_json::from_str(&bodies[1]).unwrap();
     assert_eq!(body["metadata"]["name"], "notify-me");
     assert_eq!(body["status"]["phase"], "Succeeded");
+}
+
+#[tokio::test]
+async fn callbacks_to_the_inside_are_refused_without_a_connection() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    // A listener on 127.0.0.1, where two of the URLs point: it must never see a connection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counter = connections.clone();
+    let server = tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+
+    let client = client().await;
+    let ns = namespace(&client, "callback-refused").await;
+    let targets = [
+        (
+            "loopback",
+            format!("http://127.0.0.1:{port}/ax-done"),
+            "127.0.0.1 is a loopback address",
+        ),
+        (
+            "metadata",
+            "http://169.254.169.254/latest/meta-data/".to_string(),
+            "169.254.169.254 is a link-local address",
+        ),
+        (
+            "localhost",
+            format!("http://localhost:{port}/ax-done"),
+            "a loopback address",
+        ),
+    ];
+    for (name, url, _) in &targets {
+        let task = sim_task_with(name, "callback", &SimWorker::running_for(100), |v| {
+            v["spec"]["callback"] = serde_json::json!({"url": url});
+        });
+        create(&client, &ns, &task).await;
+    }
+    for (name, url, why) in &targets {
+        let t = wait_task(&client, &ns, name, LONG, |t| {
+            t.status
+                .as_ref()
+                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CallbackDelivered"))
+        })
+        .await;
+        let s = t.status.unwrap();
+        assert_eq!(
+            s.phase,
+            Some(TaskPhase::Succeeded),
+            "{name}: the phase stays"
+        );
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "CallbackDelivered")
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "CallbackRefused"),
+            "{name}: {c:?}"
+        );
+        assert!(
+            c.message.contains(url.as_str())
+                && c.message.contains(why)
+                && !c.message.contains("attempts"),
+            "{name}: refused at once, saying why: {}",
+            c.message
+        );
+        wait_events(&client, &ns, name, &["CallbackRefused"]).await;
+    }
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a refused callback must not connect"
+    );
+    server.abort();
 }
 
 #[tokio::test]

@@ -1,38 +1,65 @@
 //! Delivery of `spec.callback`: POST the final status, retry a few times with backoff, and hand the
 //! outcome to the task's reconcile, which records it as the `CallbackDelivered` condition. Never
 //! changes the task's phase.
+//!
+//! The destination is checked before anything is sent (`core::egress`): a host that is, or resolves
+//! to, a loopback, link-local, private or reserved address the allowlist does not admit is refused
+//! (`CallbackDelivered=False`, reason `CallbackRefused`, a Warning Event) without a connection. The
+//! connector's resolver checks again on every connection, so a name that changes its answer in
+//! between (DNS rebinding) is refused too. Redirects are never followed: a 3xx is a failed POST.
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::task::key;
-use super::{Ctx, TaskKey};
+use super::{Ctx, TaskKey, publish_event};
 use crate::api::AxTask;
+use crate::core::egress::{Allowlist, Refusal, admit, admit_all};
 use crate::core::task::CallbackResult;
 
 const ATTEMPTS: u32 = 4;
 const FIRST_DELAY: Duration = Duration::from_millis(500);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+/// Reason of the `CallbackDelivered=False` condition and the Warning Event of a refused destination.
+pub const REASON_REFUSED: &str = "CallbackRefused";
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>;
 
 pub struct Callbacks {
     /// Tasks whose callback is being delivered, so a reconcile meanwhile does not send it twice.
     in_flight: Mutex<HashSet<TaskKey>>,
     http: HttpClient<Https, Full<Bytes>>,
+    allow: Arc<Allowlist>,
+}
+
+/// How one delivery ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Delivered(String),
+    Failed(String),
+    /// The destination is not admitted: nothing was sent.
+    Refused(String),
 }
 
 impl Callbacks {
-    pub fn new() -> std::io::Result<Self> {
+    /// `allow` admits destinations beyond public addresses (`--callback-allow`).
+    pub fn new(allow: Allowlist) -> std::io::Result<Self> {
         let builder = match hyper_rustls::HttpsConnectorBuilder::new().with_native_roots() {
             Ok(builder) => builder,
             Err(e) => {
@@ -48,10 +75,17 @@ impl Callbacks {
                 hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
             }
         };
-        let https = builder.https_or_http().enable_http1().build();
+        let allow = Arc::new(allow);
+        let mut http = HttpConnector::new_with_resolver(GuardedResolver {
+            allow: allow.clone(),
+        });
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(REQUEST_TIMEOUT));
+        let https = builder.https_or_http().enable_http1().wrap_connector(http);
         Ok(Callbacks {
             in_flight: Mutex::new(HashSet::new()),
             http: HttpClient::builder(TokioExecutor::new()).build(https),
+            allow,
         })
     }
 
@@ -66,11 +100,20 @@ impl Callbacks {
             return;
         }
         tokio::spawn(async move {
-            let (delivered, message) = ctx.callbacks.deliver(&task).await;
-            let result = if delivered {
-                CallbackResult::Delivered
-            } else {
-                CallbackResult::Failed
+            let outcome = ctx.callbacks.deliver(&task).await;
+            if let Outcome::Refused(message) = &outcome {
+                publish_event(
+                    &ctx.recorder,
+                    task.as_ref(),
+                    EventType::Warning,
+                    REASON_REFUSED,
+                    message,
+                );
+            }
+            let (result, message) = match outcome {
+                Outcome::Delivered(m) => (CallbackResult::Delivered, m),
+                Outcome::Failed(m) => (CallbackResult::Failed, m),
+                Outcome::Refused(m) => (CallbackResult::Refused, m),
             };
             ctx.tracking.callback_done(&key, result, message);
             ctx.callbacks.in_flight().remove(&key);
@@ -78,10 +121,14 @@ impl Callbacks {
         });
     }
 
-    async fn deliver(&self, task: &AxTask) -> (bool, String) {
+    async fn deliver(&self, task: &AxTask) -> Outcome {
         let Some(url) = task.spec.callback.as_ref().map(|c| c.url.clone()) else {
-            return (false, "no callback URL".into());
+            return Outcome::Failed("no callback URL".into());
         };
+        if let Err(refusal) = self.check_destination(&url).await {
+            warn!(url, %refusal, "callback refused");
+            return Outcome::Refused(format!("POST {url} refused: {refusal}"));
+        }
         let body = serde_json::json!({
             "apiVersion": AxTask::api_version(&()),
             "kind": AxTask::kind(&()),
@@ -95,10 +142,9 @@ impl Callbacks {
             match self.post(&url, body.clone()).await {
                 Ok(code) if (200..300).contains(&code) => {
                     info!(url, code, attempt, "callback delivered");
-                    return (
-                        true,
-                        format!("POST {url} answered {code} (attempt {attempt})"),
-                    );
+                    return Outcome::Delivered(format!(
+                        "POST {url} answered {code} (attempt {attempt})"
+                    ));
                 }
                 Ok(code) => last = format!("POST {url} answered {code}"),
                 Err(e) => last = format!("POST {url} failed: {e}"),
@@ -109,7 +155,28 @@ impl Callbacks {
             }
         }
         warn!(url, "callback not delivered: {last}");
-        (false, format!("{last} (after {ATTEMPTS} attempts)"))
+        Outcome::Failed(format!("{last} (after {ATTEMPTS} attempts)"))
+    }
+
+    /// Refuses a destination the allowlist does not admit: the address itself, or every address
+    /// its host resolves to. A URL that does not parse or a name that does not resolve is left to
+    /// the POST, which fails with that error.
+    async fn check_destination(&self, url: &str) -> Result<(), Refusal> {
+        let Ok(uri) = url.parse::<hyper::Uri>() else {
+            return Ok(());
+        };
+        let Some(host) = uri.host() else {
+            return Ok(());
+        };
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return admit(&self.allow, host, ip);
+        }
+        let port = uri.port_u16().unwrap_or(80);
+        match tokio::net::lookup_host((bare, port)).await {
+            Ok(addrs) => admit_all(&self.allow, bare, addrs.map(|a| a.ip())),
+            Err(_) => Ok(()),
+        }
     }
 
     async fn post(&self, url: &str, body: Bytes) -> Result<u16, String> {
@@ -123,5 +190,155 @@ impl Callbacks {
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs())),
         }
+    }
+}
+
+/// The connector's resolver: the system's, then the allowlist on every address, so the connection
+/// goes only to addresses that were checked (an IP literal skips the resolver and is checked by
+/// [`Callbacks::check_destination`]).
+#[derive(Clone)]
+struct GuardedResolver {
+    allow: Arc<Allowlist>,
+}
+
+impl tower_service::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let allow = self.allow.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            // Port 0: the connector puts the URL's port in.
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            admit_all(&allow, &host, addrs.iter().map(|a| a.ip())).map_err(|refusal| {
+                std::io::Error::new(std::io::ErrorKind::PermissionDenied, refusal)
+            })?;
+            Ok(addrs.into_iter())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn task_calling(url: &str) -> AxTask {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1",
+            "kind": "AxTask",
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {"type": "t", "callback": {"url": url}, "template": {"spec": {"containers": []}}},
+        }))
+        .expect("a task")
+    }
+
+    fn callbacks(allow: &[&str]) -> Callbacks {
+        Callbacks::new(Allowlist::parse(allow.iter().copied()).expect("allowlist")).expect("client")
+    }
+
+    /// A listener that counts its connections and answers each with `answer`.
+    async fn listener(
+        ip: &str,
+        answer: &'static str,
+    ) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+        });
+        (addr, connections)
+    }
+
+    const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+    #[tokio::test]
+    async fn loopback_and_names_resolving_to_it_are_refused_without_a_connection() {
+        let (addr, connections) = listener("127.0.0.1", OK).await;
+        let guarded = callbacks(&[]);
+        for url in [
+            format!("http://127.0.0.1:{}/done", addr.port()),
+            format!("http://localhost:{}/done", addr.port()),
+            format!("http://[::ffff:127.0.0.1]:{}/done", addr.port()),
+            "http://169.254.169.254/latest/meta-data".to_string(),
+            "http://10.96.0.1/".to_string(),
+        ] {
+            match guarded.deliver(&task_calling(&url)).await {
+                Outcome::Refused(message) => {
+                    assert!(message.contains("--callback-allow"), "{message}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn an_allowlisted_receiver_gets_its_post() {
+        let (addr, connections) = listener("127.0.0.1", OK).await;
+        let url = format!("http://127.0.0.1:{}/done", addr.port());
+        let outcome = callbacks(&["127.0.0.1/32"])
+            .deliver(&task_calling(&url))
+            .await;
+        assert!(matches!(outcome, Outcome::Delivered(_)), "{outcome:?}");
+        assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn redirects_are_not_followed() {
+        let (target, followed) = listener("127.0.0.1", OK).await;
+        let redirect: &'static str = Box::leak(
+            format!(
+                "HTTP/1.1 302 Found\r\nlocation: http://{target}/\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
+            .into_boxed_str(),
+        );
+        let (receiver, _) = listener("127.0.0.2", redirect).await;
+        let url = format!("http://{receiver}/done");
+        let outcome = callbacks(&["127.0.0.2/32"])
+            .deliver(&task_calling(&url))
+            .await;
+        match outcome {
+            Outcome::Failed(message) => assert!(message.contains("answered 302"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(followed.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn the_resolver_refuses_what_the_allowlist_does_not_admit() {
+        use tower_service::Service;
+        let mut resolver = GuardedResolver {
+            allow: Arc::new(Allowlist::default()),
+        };
+        let error = resolver
+            .call("localhost".parse().expect("a name"))
+            .await
+            .expect_err("localhost is loopback");
+        assert_eq!(error.kind(), std::io::ErrorKind::PermissionDenied);
+        let mut allowed = GuardedResolver {
+            allow: Arc::new(Allowlist::parse(["127.0.0.0/8", "::1"]).expect("allowlist")),
+        };
+        let addrs: Vec<SocketAddr> = allowed
+            .call("localhost".parse().expect("a name"))
+            .await
+            .expect("admitted")
+            .collect();
+        assert!(addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{EventType, Recorder};
@@ -22,10 +22,12 @@ use tracing::{debug, info, warn};
 use super::write::{self, ApiError};
 use super::{Error, FIELD_MANAGER, Result};
 use crate::api::{
-    AxDag, AxDagStatus, AxTask, Condition, DagNodePhase, DagNodeStatus, DagPhase, FailurePolicy,
-    LABEL_DAG, LABEL_DAG_TASK, TaskPhase,
+    AxDag, AxDagStatus, AxTask, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK, TaskPhase,
 };
-use crate::core::dag::{self as core, ChildPhase, DagNode, Evaluation, NodePhase};
+use crate::core::dag::status::{
+    child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
+};
+use crate::core::dag::{self as core, DagNode};
 use crate::ops::metrics::Metrics;
 
 /// How long a child this process created counts as existing while the cache has not shown it yet.
@@ -80,7 +82,7 @@ impl Expectations {
     fn fill_in(
         &mut self,
         dag_uid: &str,
-        phases: &mut HashMap<String, ChildPhase>,
+        phases: &mut HashMap<String, TaskPhase>,
         now: Instant,
     ) -> bool {
         self.0.retain(|uid, tasks| {
@@ -94,7 +96,7 @@ impl Expectations {
             return false;
         };
         for task in tasks.keys() {
-            phases.insert(task.clone(), ChildPhase::Pending);
+            phases.insert(task.clone(), TaskPhase::Pending);
         }
         true
     }
@@ -218,15 +220,12 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     let mut phases = child_phases(&children);
     for task in &rerun {
         // Its re-run request is in; the child's own reconcile takes it from there.
-        phases.insert(task.clone(), ChildPhase::Pending);
+        phases.insert(task.clone(), TaskPhase::Pending);
     }
     let waiting_for_cache = ctx.expected().fill_in(&uid, &mut phases, Instant::now());
     remember_finished_children(&before, &mut phases);
 
-    let policy = match dag.spec.failure_policy {
-        FailurePolicy::FailFast => core::FailurePolicy::FailFast,
-        FailurePolicy::ContinueIndependent => core::FailurePolicy::ContinueIndependent,
-    };
+    let policy = dag.spec.failure_policy;
     let parallelism = dag
         .spec
         .parallelism
@@ -239,7 +238,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
             match create_child(&dag, &uid, &graph.child_name(task), task, &ctx).await? {
                 Created::Yes => {
                     ctx.expected().created(&uid, task, Instant::now());
-                    phases.insert(task.clone(), ChildPhase::Pending);
+                    phases.insert(task.clone(), TaskPhase::Pending);
                 }
                 Created::NameTaken => name_taken = true,
             }
@@ -300,50 +299,11 @@ fn is_controlled_by(child: &AxTask, uid: &str) -> bool {
         .any(|owner| owner.uid == uid && owner.controller == Some(true))
 }
 
-fn child_phases(children: &HashMap<String, Arc<AxTask>>) -> HashMap<String, ChildPhase> {
+fn child_phases(children: &HashMap<String, Arc<AxTask>>) -> HashMap<String, TaskPhase> {
     children
         .iter()
         .map(|(task, child)| (task.clone(), child_phase(child)))
         .collect()
-}
-
-/// A child the task controller has not seen yet, or whose re-run request it has not acted on yet,
-/// is Pending.
-fn child_phase(child: &AxTask) -> ChildPhase {
-    let status = child.status.as_ref();
-    let rerun_waiting = !child.spec.cancel
-        && child.spec.rerun > status.map_or(0, |s| s.observed_rerun)
-        && status
-            .and_then(|s| s.phase)
-            .is_some_and(TaskPhase::is_terminal);
-    if rerun_waiting {
-        return ChildPhase::Pending;
-    }
-    phase_of(status.and_then(|s| s.phase))
-}
-
-fn phase_of(phase: Option<TaskPhase>) -> ChildPhase {
-    match phase {
-        None | Some(TaskPhase::Pending) => ChildPhase::Pending,
-        Some(TaskPhase::Scheduled) => ChildPhase::Scheduled,
-        Some(TaskPhase::Running) => ChildPhase::Running,
-        Some(TaskPhase::Succeeded) => ChildPhase::Succeeded,
-        Some(TaskPhase::Failed) => ChildPhase::Failed,
-        Some(TaskPhase::TimedOut) => ChildPhase::TimedOut,
-        Some(TaskPhase::Dead) => ChildPhase::Dead,
-        Some(TaskPhase::Canceled) => ChildPhase::Canceled,
-    }
-}
-
-/// Whether the DAG's status records the child as finished the way it did.
-fn recorded_as(node: &DagNodeStatus, phase: ChildPhase) -> bool {
-    node.task.is_some()
-        && matches!(
-            (node.phase, phase),
-            (DagNodePhase::Succeeded, ChildPhase::Succeeded)
-                | (DagNodePhase::Dead, ChildPhase::Dead)
-                | (DagNodePhase::Canceled, ChildPhase::Canceled)
-        )
 }
 
 /// Takes the finalizer off children being deleted.
@@ -389,9 +349,7 @@ async fn start_rerun(
             continue;
         }
         match children.get(task) {
-            Some(child)
-                if matches!(child_phase(child), ChildPhase::Dead | ChildPhase::Canceled) =>
-            {
+            Some(child) if matches!(child_phase(child), TaskPhase::Dead | TaskPhase::Canceled) => {
                 let patch = Patch::Merge(serde_json::json!({
                     "metadata": {"resourceVersion": child.resource_version()},
                     "spec": {"rerun": child.spec.rerun + 1, "cancel": false},
@@ -419,22 +377,6 @@ async fn start_rerun(
     );
     publish(dag, EventType::Normal, "Rerun", &note, ctx);
     Ok(asked)
-}
-
-/// A child that finished and was deleted since (e.g. by its `ttlSecondsAfterFinished`) keeps the
-/// phase the status recorded, so it is not run again.
-fn remember_finished_children(before: &AxDagStatus, phases: &mut HashMap<String, ChildPhase>) {
-    for (task, node) in &before.nodes {
-        let recorded = match node.phase {
-            DagNodePhase::Succeeded => ChildPhase::Succeeded,
-            DagNodePhase::Dead => ChildPhase::Dead,
-            DagNodePhase::Canceled => ChildPhase::Canceled,
-            _ => continue,
-        };
-        if node.task.is_some() {
-            phases.entry(task.clone()).or_insert(recorded);
-        }
-    }
 }
 
 enum Created {
@@ -538,194 +480,6 @@ async fn cancel_children<'a>(
     Ok(())
 }
 
-fn graph_status(
-    graph: &core::Graph,
-    dag: &AxDag,
-    before: &AxDagStatus,
-    evaluation: &Evaluation,
-    now: Timestamp,
-) -> AxDagStatus {
-    let nodes: BTreeMap<String, DagNodeStatus> = evaluation
-        .nodes
-        .iter()
-        .map(|node| {
-            let has_child = !matches!(node.phase, NodePhase::NotStarted | NodePhase::Skipped);
-            let status = DagNodeStatus {
-                phase: node_phase(node.phase),
-                task: has_child.then(|| graph.child_name(&node.name)),
-            };
-            (node.name.clone(), status)
-        })
-        .collect();
-    let phase = dag_phase(evaluation.phase);
-    let any_child = nodes.values().any(|node| node.task.is_some());
-    let generation = dag.metadata.generation;
-    let (ready_reason, ready_message) = ready_reason(phase, evaluation);
-    let conditions = vec![
-        condition(
-            before,
-            "Ready",
-            phase == DagPhase::Succeeded,
-            ready_reason,
-            &ready_message,
-            generation,
-        ),
-        condition(before, "InvalidSpec", false, "Valid", "", generation),
-    ];
-    AxDagStatus {
-        phase: Some(phase),
-        nodes,
-        progress: Some(evaluation.progress()),
-        started_at: before.started_at.or(any_child.then_some(now)),
-        finished_at: finished_at(phase, before, now),
-        conditions,
-        observed_generation: generation,
-        observed_rerun: before.observed_rerun,
-    }
-}
-
-fn invalid_status(dag: &AxDag, before: &AxDagStatus, message: &str, now: Timestamp) -> AxDagStatus {
-    let generation = dag.metadata.generation;
-    AxDagStatus {
-        phase: Some(DagPhase::Failed),
-        nodes: BTreeMap::new(),
-        progress: Some(format!("0/{}", dag.spec.tasks.len())),
-        started_at: before.started_at,
-        finished_at: finished_at(DagPhase::Failed, before, now),
-        conditions: vec![
-            condition(
-                before,
-                "Ready",
-                false,
-                "InvalidSpec",
-                "the DAG cannot run",
-                generation,
-            ),
-            condition(
-                before,
-                "InvalidSpec",
-                true,
-                "InvalidSpec",
-                message,
-                generation,
-            ),
-        ],
-        observed_generation: generation,
-        observed_rerun: before.observed_rerun,
-    }
-}
-
-/// Set once when the phase becomes terminal; cleared if it leaves it (a child retried by hand).
-fn finished_at(phase: DagPhase, before: &AxDagStatus, now: Timestamp) -> Option<Timestamp> {
-    let was_terminal = before.phase.is_some_and(DagPhase::is_terminal);
-    match (phase.is_terminal(), was_terminal) {
-        (true, true) => before.finished_at.or(Some(now)),
-        (true, false) => Some(now),
-        (false, _) => None,
-    }
-}
-
-/// Why the DAG is (not) Ready, naming the tasks that failed it (a few of them).
-fn ready_reason(phase: DagPhase, evaluation: &Evaluation) -> (&'static str, String) {
-    let named = |wanted: NodePhase| -> Vec<&str> {
-        evaluation
-            .nodes
-            .iter()
-            .filter(|node| node.phase == wanted)
-            .map(|node| node.name.as_str())
-            .collect()
-    };
-    let message = match phase {
-        DagPhase::Succeeded => format!("all {} tasks succeeded", evaluation.total),
-        DagPhase::Pending | DagPhase::Running => {
-            format!(
-                "{} of {} tasks finished",
-                evaluation.finished, evaluation.total
-            )
-        }
-        DagPhase::Failed | DagPhase::Canceled => {
-            let parts: Vec<String> = [
-                ("dead", NodePhase::Dead),
-                ("canceled", NodePhase::Canceled),
-                ("skipped", NodePhase::Skipped),
-            ]
-            .into_iter()
-            .filter_map(|(label, wanted)| {
-                let tasks = named(wanted);
-                (!tasks.is_empty()).then(|| format!("{label}: {}", short_list(&tasks)))
-            })
-            .collect();
-            parts.join("; ")
-        }
-    };
-    (phase.as_str(), message)
-}
-
-fn short_list(tasks: &[&str]) -> String {
-    const SHOWN: usize = 10;
-    let mut list = tasks
-        .iter()
-        .take(SHOWN)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if tasks.len() > SHOWN {
-        list.push_str(&format!(" and {} more", tasks.len() - SHOWN));
-    }
-    list
-}
-
-/// A condition, keeping its lastTransitionTime while its status does not change.
-fn condition(
-    before: &AxDagStatus,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-) -> Condition {
-    let status = if status { "True" } else { "False" };
-    let last_transition_time = before
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(Timestamp::now()));
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        last_transition_time,
-        observed_generation: generation,
-    }
-}
-
-fn node_phase(phase: NodePhase) -> DagNodePhase {
-    match phase {
-        NodePhase::NotStarted => DagNodePhase::NotStarted,
-        NodePhase::Pending => DagNodePhase::Pending,
-        NodePhase::Scheduled => DagNodePhase::Scheduled,
-        NodePhase::Running => DagNodePhase::Running,
-        NodePhase::Succeeded => DagNodePhase::Succeeded,
-        NodePhase::Failed => DagNodePhase::Failed,
-        NodePhase::TimedOut => DagNodePhase::TimedOut,
-        NodePhase::Dead => DagNodePhase::Dead,
-        NodePhase::Canceled => DagNodePhase::Canceled,
-        NodePhase::Skipped => DagNodePhase::Skipped,
-    }
-}
-
-fn dag_phase(phase: core::DagPhase) -> DagPhase {
-    match phase {
-        core::DagPhase::Pending => DagPhase::Pending,
-        core::DagPhase::Running => DagPhase::Running,
-        core::DagPhase::Succeeded => DagPhase::Succeeded,
-        core::DagPhase::Failed => DagPhase::Failed,
-        core::DagPhase::Canceled => DagPhase::Canceled,
-    }
-}
-
 /// Writes the status if it changed, then publishes an Event if the phase changed. `None` when the
 /// write conflicted (a newer DAG is on its way) or the DAG is gone: nothing was recorded.
 async fn write_and_publish(
@@ -805,75 +559,6 @@ pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: DagCtx) -> Requeue {
 mod tests {
     use super::*;
 
-    fn node(phase: DagNodePhase, task: Option<&str>) -> DagNodeStatus {
-        DagNodeStatus {
-            phase,
-            task: task.map(str::to_owned),
-        }
-    }
-
-    #[test]
-    fn finished_children_deleted_since_keep_their_recorded_phase() {
-        let before = AxDagStatus {
-            nodes: BTreeMap::from([
-                ("a".to_owned(), node(DagNodePhase::Succeeded, Some("d-a"))),
-                ("b".to_owned(), node(DagNodePhase::Running, Some("d-b"))),
-                ("c".to_owned(), node(DagNodePhase::Skipped, None)),
-                ("e".to_owned(), node(DagNodePhase::Dead, Some("d-e"))),
-            ]),
-            ..Default::default()
-        };
-        let mut phases = HashMap::from([("e".to_owned(), ChildPhase::Pending)]);
-        remember_finished_children(&before, &mut phases);
-        // a finished and is gone: remembered. b was running and is gone: created again.
-        // c never had a child. e exists again (retried by hand): its real phase wins.
-        assert_eq!(
-            phases,
-            HashMap::from([
-                ("a".to_owned(), ChildPhase::Succeeded),
-                ("e".to_owned(), ChildPhase::Pending),
-            ])
-        );
-    }
-
-    #[test]
-    fn finished_at_is_set_once_and_cleared_when_the_dag_runs_again() {
-        let t0 = Timestamp::UNIX_EPOCH;
-        let t1 = t0 + jiff::SignedDuration::from_secs(5);
-        let running = AxDagStatus {
-            phase: Some(DagPhase::Running),
-            ..Default::default()
-        };
-        assert_eq!(finished_at(DagPhase::Failed, &running, t0), Some(t0));
-        let failed = AxDagStatus {
-            phase: Some(DagPhase::Failed),
-            finished_at: Some(t0),
-            ..Default::default()
-        };
-        assert_eq!(finished_at(DagPhase::Failed, &failed, t1), Some(t0));
-        assert_eq!(finished_at(DagPhase::Running, &failed, t1), None);
-    }
-
-    #[test]
-    fn conditions_keep_their_transition_time_while_unchanged() {
-        let first = condition(
-            &AxDagStatus::default(),
-            "Ready",
-            false,
-            "Running",
-            "",
-            Some(1),
-        );
-        let before = AxDagStatus {
-            conditions: vec![first.clone()],
-            ..Default::default()
-        };
-        let same = condition(&before, "Ready", false, "Running", "1 of 2", Some(1));
-        assert_eq!(same.last_transition_time, first.last_transition_time);
-        let flipped = condition(&before, "Ready", true, "Succeeded", "", Some(1));
-        assert_eq!(flipped.status, "True");
-    }
-
     #[test]
     fn expected_children_count_until_the_cache_shows_them_or_they_expire() {
         let start = Instant::now();
@@ -883,13 +568,13 @@ mod tests {
         expected.created("dag-2", "a", start);
 
         // The cache shows dag-1's a (Running): it stays as the cache says; b counts as Pending.
-        let mut phases = HashMap::from([("a".to_owned(), ChildPhase::Running)]);
+        let mut phases = HashMap::from([("a".to_owned(), TaskPhase::Running)]);
         assert!(expected.fill_in("dag-1", &mut phases, start));
         assert_eq!(
             phases,
             HashMap::from([
-                ("a".to_owned(), ChildPhase::Running),
-                ("b".to_owned(), ChildPhase::Pending),
+                ("a".to_owned(), TaskPhase::Running),
+                ("b".to_owned(), TaskPhase::Pending),
             ])
         );
         // a is forgotten for dag-1 only.
@@ -897,7 +582,7 @@ mod tests {
         assert!(expected.fill_in("dag-1", &mut phases, start));
         assert_eq!(
             phases,
-            HashMap::from([("b".to_owned(), ChildPhase::Pending)])
+            HashMap::from([("b".to_owned(), TaskPhase::Pending)])
         );
         assert!(expected.fill_in("dag-2", &mut HashMap::new(), start));
 
@@ -921,35 +606,5 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::InitDone);
         assert!(crate::controller::cache_listed(&store));
         assert!(crate::controller::cache_listed(&store.clone()));
-    }
-
-    #[test]
-    fn a_child_not_seen_by_the_task_controller_is_pending() {
-        assert_eq!(phase_of(None), ChildPhase::Pending);
-        assert_eq!(phase_of(Some(TaskPhase::Dead)), ChildPhase::Dead);
-        let mut child: AxTask = serde_json::from_value(serde_json::json!({
-            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask", "metadata": {"name": "d-a"},
-            "spec": {"type": "x", "template": {"spec": {"containers": []}}},
-            "status": {"phase": "Dead"},
-        }))
-        .expect("a task");
-        assert_eq!(child_phase(&child), ChildPhase::Dead);
-        child.spec.rerun = 1;
-        assert_eq!(
-            child_phase(&child),
-            ChildPhase::Pending,
-            "its re-run is on its way"
-        );
-    }
-
-    #[test]
-    fn long_lists_are_shortened() {
-        let tasks: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
-        let refs: Vec<&str> = tasks.iter().map(String::as_str).collect();
-        assert_eq!(
-            short_list(&refs),
-            "t0, t1, t2, t3, t4, t5, t6, t7, t8, t9 and 2 more"
-        );
-        assert_eq!(short_list(&refs[..2]), "t0, t1");
     }
 }

@@ -9,6 +9,7 @@
 //! - `write`: every status write and the reading of API status codes.
 //! - `run`: the wiring.
 
+pub mod cache;
 pub mod callback;
 pub mod cron;
 pub mod dag;
@@ -116,6 +117,9 @@ struct TrackingState {
     expected_pods: HashMap<TaskKey, (String, i32, Instant)>,
     /// Callback outcomes waiting to be recorded by the task's reconcile.
     callbacks: HashMap<TaskKey, (CallbackResult, String)>,
+    /// Tasks this process asked the API server to delete (their TTL passed), and when: a task held
+    /// by a finalizer is not deleted again on every reconcile until it is gone.
+    deletions: HashMap<TaskKey, Instant>,
 }
 
 impl Tracking {
@@ -169,12 +173,28 @@ impl Tracking {
         self.lock().callbacks.remove(key)
     }
 
+    /// Whether this process asked for the task's deletion in the last minute; records the ask
+    /// otherwise (the caller sends it).
+    pub fn deletion_sent(&self, key: &TaskKey) -> bool {
+        let mut state = self.lock();
+        if state
+            .deletions
+            .get(key)
+            .is_some_and(|at| at.elapsed() < EXPECTED_POD_TTL)
+        {
+            return true;
+        }
+        state.deletions.insert(key.clone(), Instant::now());
+        false
+    }
+
     /// Forgets a deleted task.
     pub fn forget(&self, key: &TaskKey) {
         let mut state = self.lock();
         state.written.remove(key);
         state.expected_pods.remove(key);
         state.callbacks.remove(key);
+        state.deletions.remove(key);
     }
 
     /// Keys with something tracked, for sweeping out deleted tasks.
@@ -185,6 +205,7 @@ impl Tracking {
             .keys()
             .chain(state.expected_pods.keys())
             .chain(state.callbacks.keys())
+            .chain(state.deletions.keys())
             .cloned()
             .collect()
     }

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
-use super::{Context, Queues, Tracking, dispatch, queue, task};
+use super::{Context, Queues, Tracking, cache, dispatch, queue, task};
 use crate::api::{AxQueue, AxTask};
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
@@ -26,6 +26,10 @@ pub struct Settings {
     /// Who we are, for history entries and Events (`ax-operator/<pod>`).
     pub identity: String,
     pub metrics: Arc<Metrics>,
+    /// Callback destinations admitted beyond public addresses (`--callback-allow`).
+    pub callback_allow: crate::core::egress::Allowlist,
+    /// Set to true once every informer cache has completed its first list (`/readyz`).
+    pub caches_synced: tokio::sync::watch::Sender<bool>,
 }
 
 pub async fn run(
@@ -37,10 +41,17 @@ pub async fn run(
     let nodes_api: Api<Node> = Api::all(client.clone());
     let queues_api: Api<AxQueue> = Api::all(client.clone());
 
+    // Listed from the API server's watch cache (`any_semantic`): a restart with 100,000 tasks is a
+    // single list each, not a quorum read of etcd page by page.
     let (pods, pods_writer) = reflector::store();
     let pod_events = reflector::reflector(
         pods_writer,
-        watcher(pods_api, watcher::Config::default().labels(LABEL_TASK)).default_backoff(),
+        watcher(
+            pods_api,
+            watcher::Config::default().labels(LABEL_TASK).any_semantic(),
+        )
+        .default_backoff()
+        .modify(cache::pod),
     )
     .touched_objects();
 
@@ -59,7 +70,15 @@ pub async fn run(
 
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
     let (wake, woken) = futures::channel::mpsc::unbounded();
-    let controller = Controller::new(tasks_api, watcher::Config::default())
+    let (tasks, tasks_writer) = reflector::store();
+    let task_events = reflector::reflector(
+        tasks_writer,
+        watcher(tasks_api, watcher::Config::default().any_semantic())
+            .default_backoff()
+            .modify(cache::task),
+    )
+    .touched_objects();
+    let controller = Controller::for_stream(task_events, tasks)
         .owns_stream(pod_events)
         .reconcile_on(woken);
     let reporter = Reporter {
@@ -78,11 +97,12 @@ pub async fn run(
         wake,
         tracking: Tracking::default(),
         operator: format!("ax-operator/{}", settings.identity),
-        callbacks: Callbacks::new()?,
+        callbacks: Callbacks::new(settings.callback_allow.clone())?,
         metrics: settings.metrics.clone(),
     });
 
     let node_task = tokio::spawn(node_watch);
+    tokio::spawn(report_caches_synced(ctx.clone(), settings.caches_synced));
     let controller = controller.shutdown_on_signal();
     let wait_ctx = ctx.clone();
     let controller_run = async move {
@@ -107,6 +127,16 @@ pub async fn run(
     }
     node_task.abort();
     Ok(())
+}
+
+/// Reports readiness once every cache of this function has completed its first list. (The AxDag
+/// controller's caches are built inside `dag::run`; they join this list when it is wired here.)
+async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sender<bool>) {
+    super::cache_synced(&ctx.tasks).await;
+    super::cache_synced(&ctx.pods).await;
+    super::cache_synced(&ctx.nodes).await;
+    super::cache_synced(&ctx.queue_store).await;
+    synced.send_replace(true);
 }
 
 /// How often `ax_tasks` is recomputed from the cache.

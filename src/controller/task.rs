@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
 use super::write::{self, ApiError, api_message};
-use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, version_of};
+use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, cache, version_of};
 use crate::api::{AxTask, HistoryEntry, TaskPhase};
 use crate::core::queue::pending_of;
 use crate::core::task::{
@@ -59,7 +59,8 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
         return Ok(Requeue::await_change());
     }
     let callback = ctx.tracking.take_callback(&key);
-    let spec_error = core::validate(&task.spec).err();
+    let spec_error = cache::spec_error(&task);
+    let main_has_probe = cache::main_has_probe(&task);
     let mut current = task;
     let mut refused: Option<Refusal> = None;
     // At most twice: a pod the API server refuses is recorded in a second decision.
@@ -77,7 +78,8 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
             spec: &current.spec,
             status: &status,
             generation: current.metadata.generation,
-            spec_error: spec_error.as_ref(),
+            spec_error: spec_error.as_deref(),
+            main_has_probe,
             pods: &pods,
             granted,
             held: held
@@ -87,10 +89,19 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
         };
         let mut decision = core::decide(&inputs, &clock);
-        if decision.queue == QueueState::Ready && !granted && offer(&key, &current, &decision, &ctx)
-        {
-            // The queue had a free slot for it now: new (or due) → Scheduled in one write.
-            inputs.granted = true;
+        let mut held_now = None;
+        if decision.queue == QueueState::Ready && !granted {
+            if offer(&key, &current, &decision, &ctx) {
+                // The queue had a free slot for it now: new (or due) → Scheduled in one write.
+                inputs.granted = true;
+                decision = core::decide(&inputs, &clock);
+            } else {
+                // It waits: its first write says what holds it, so the refresh has nothing to add.
+                held_now = ctx.queues.lock().held_reason(&key, clock.now);
+            }
+        }
+        if let Some(now_held) = held_now.as_ref().filter(|h| Some(*h) != held.as_ref()) {
+            inputs.held = Some((now_held.0, now_held.1.as_str()));
             decision = core::decide(&inputs, &clock);
         }
         match apply(&current, &key, decision, &ctx).await? {
@@ -227,6 +238,7 @@ async fn apply(
                 publish(&written, EventType::Warning, reason.as_str(), message, ctx)
             }
             Action::SendCallback => ctx.callbacks.send(written.clone(), ctx.clone()),
+            Action::DeleteTask if ctx.tracking.deletion_sent(key) => {}
             Action::DeleteTask => {
                 let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &key.0);
                 info!("deleting task: ttlSecondsAfterFinished passed");
@@ -298,6 +310,22 @@ enum Created {
 /// Creates the worker pod of the current attempt.
 async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> {
     let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let full;
+    let task = if cache::is_stripped(task) {
+        // The cache keeps no pod templates (see `cache`). Only a pod missing outside the dispatch
+        // path (a restart, an expectation that ran out) gets here: a dispatch builds its pod from
+        // the whole task its status write returned.
+        let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
+        match api.get_opt(&task.name_any()).await? {
+            Some(fresh) => {
+                full = fresh;
+                &full
+            }
+            None => return Ok(Created::Yes),
+        }
+    } else {
+        task
+    };
     let status = task.status.clone().unwrap_or_default();
     let payload = task
         .spec

@@ -9,7 +9,7 @@
 //!   unconditional apply of the fields it owns → *no conflict possible*; a failure is *skipped*
 //!   until the next round.
 
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 
 use super::{Error, FIELD_MANAGER, Result};
@@ -65,21 +65,21 @@ pub fn api_message(error: &kube::Error) -> String {
     }
 }
 
-/// Writes a task's whole status with server-side apply, conditional on the resourceVersion the
-/// decision was taken on: a stale decision fails with a conflict instead of overwriting newer state.
+/// Writes a task's whole status, conditional on the resourceVersion the decision was taken on: a
+/// stale decision fails with a conflict instead of overwriting newer state. A PUT of the status
+/// subresource, not an apply: the reconciler owns the whole status, and a replace costs the API
+/// server a fraction of a server-side apply's merge — the status write is on every task's path.
+/// The body is the cached copy with the new status; the API server takes only its `status`.
 pub async fn task_status(client: &Client, task: &AxTask, status: &AxTaskStatus) -> Result<AxTask> {
     let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxTask> = Api::namespaced(client.clone(), &namespace);
-    let patch = serde_json::json!({
-        "apiVersion": AxTask::api_version(&()),
-        "kind": AxTask::kind(&()),
-        "metadata": { "name": task.name_any(), "resourceVersion": task.resource_version() },
-        "status": status,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    Ok(api
-        .patch_status(&task.name_any(), &params, &Patch::Apply(&patch))
-        .await?)
+    let mut body = task.clone();
+    body.status = Some(status.clone());
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    Ok(api.replace_status(&task.name_any(), &params, &body).await?)
 }
 
 /// Writes a DAG's whole status, conditional on the resourceVersion like [`task_status`].

@@ -4,6 +4,8 @@
 pub mod backoff;
 pub mod cron;
 pub mod dag;
+pub mod egress;
+pub mod election;
 pub mod queue;
 pub mod task;
 pub mod worker;

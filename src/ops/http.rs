@@ -54,10 +54,10 @@ impl HttpState {
 
     /// `Ok` when ready, else why not.
     pub fn readiness(&self) -> Result<(), &'static str> {
-        if !self.readiness.caches_synced.load(Ordering::Acquire) {
-            Err("caches not synced")
-        } else if !self.readiness.role_known.load(Ordering::Acquire) {
+        if !self.readiness.role_known.load(Ordering::Acquire) {
             Err("leader election role not known")
+        } else if !self.readiness.caches_synced.load(Ordering::Acquire) {
+            Err("caches not synced")
         } else {
             Ok(())
         }
@@ -188,18 +188,18 @@ mod tests {
         let (status, _, body) = fetch(&server.base, "/readyz").await;
         assert_eq!(
             (status, body.as_str()),
-            (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n")
-        );
-        state.set_caches_synced(true);
-        let (status, _, body) = fetch(&server.base, "/readyz").await;
-        assert_eq!(
-            (status, body.as_str()),
             (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "leader election role not known\n"
             )
         );
         state.set_role_known(true);
+        let (status, _, body) = fetch(&server.base, "/readyz").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n")
+        );
+        state.set_caches_synced(true);
         let (status, _, body) = fetch(&server.base, "/readyz").await;
         assert_eq!((status, body.as_str()), (StatusCode::OK, "ok\n"));
         state.set_caches_synced(false);

@@ -4,6 +4,12 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod cli;
+pub mod cluster;
+pub mod helm;
+pub mod metrics;
+pub mod operator;
+pub mod sim;
 pub mod sim_pool;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -206,6 +212,13 @@ pub fn kubectl() -> String {
     std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into())
 }
 
+/// Runs kubectl; panics with its output unless it succeeds.
+pub fn kubectl_ok(args: &[&str]) -> String {
+    let (ok, stdout, stderr) = run_kubectl(args, None);
+    assert!(ok, "kubectl {} failed:\n{stdout}{stderr}", args.join(" "));
+    stdout
+}
+
 /// Runs kubectl; returns (success, stdout, stderr).
 pub fn run_kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
     use std::io::Write;
@@ -240,6 +253,52 @@ pub fn names(t: &AxTask) -> String {
 }
 
 pub const LONG: Duration = Duration::from_secs(120);
+
+pub async fn tasks_in(client: &Client, namespace: &str) -> Vec<AxTask> {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), namespace);
+    api.list(&ListParams::default())
+        .await
+        .expect("list tasks")
+        .items
+}
+
+/// Waits until every task in the namespace is terminal; returns them.
+pub async fn wait_all_terminal(client: &Client, namespace: &str, timeout: Duration) -> Vec<AxTask> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let tasks = tasks_in(client, namespace).await;
+        let open: Vec<String> = tasks
+            .iter()
+            .filter(|t| !phase(t).is_some_and(TaskPhase::is_terminal))
+            .map(|t| format!("{} {:?}", t.name_any(), phase(t)))
+            .collect();
+        if open.is_empty() {
+            return tasks;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks in {namespace} not terminal after {timeout:?}, e.g. {:?}",
+            open.len(),
+            &open[..open.len().min(10)]
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The actor an operator with this identity (its pod name) records in history.
+pub fn actor(identity: &str) -> String {
+    format!("ax-operator/{identity}")
+}
+
+/// Times of the Scheduled transitions `actor` wrote into the tasks' histories.
+pub fn dispatches_by(tasks: &[AxTask], actor: &str) -> Vec<jiff::Timestamp> {
+    tasks
+        .iter()
+        .flat_map(history)
+        .filter(|h| h.to == TaskPhase::Scheduled && h.actor == actor)
+        .map(|h| h.time)
+        .collect()
+}
 
 /// Every worker pod ever seen in a namespace, by (task, attempt) → pod uids.
 pub type PodsByAttempt = BTreeMap<(String, String), BTreeSet<String>>;

@@ -6,7 +6,6 @@
 
 mod nodes;
 mod pods;
-mod script;
 mod status;
 mod writer;
 
@@ -15,6 +14,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+// The script contract is the library's, shared with the tests; `crate::script` names it here.
+use ax_sim::script;
 use clap::Parser;
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};

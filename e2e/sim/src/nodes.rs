@@ -28,9 +28,9 @@ use tokio::sync::Mutex;
 
 use crate::writer::{ApiWriter, WriteError};
 
-pub const SIM_NODE_LABEL: &str = "ax.dev/sim-node";
+pub use ax_sim::worker::SIM_NODE_LABEL;
 #[cfg(test)]
-const SIM_NODE_TAINT_KEY: &str = "ax.dev/sim-node";
+use ax_sim::worker::SIM_NODE_TAINT_KEY;
 /// Label and taint key of the nodes of a private pool (`--pool`).
 pub const SIM_POOL_LABEL: &str = "ax.dev/sim-pool";
 pub const CAPACITY_ANNOTATION: &str = "ax.dev/sim-capacity";

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ax_sim::worker::{SIM_NODE_LABEL, SimWorker};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -51,20 +52,24 @@ fn expected_for(index: usize) -> Expected {
 }
 
 fn pod_manifest(run_id: &str, index: usize, expected: &Expected) -> Pod {
-    let mut env = vec![
-        json!({"name": "AX_SIM_START_MS", "value": ((index * 37) % 200).to_string()}),
-        json!({"name": "AX_SIM_DURATION_MS", "value": ((index * 53) % 500).to_string()}),
-    ];
+    let mut worker = SimWorker::default()
+        .start_ms(((index * 37) % 200) as u64)
+        .duration_ms(((index * 53) % 500) as u64);
     match expected {
         Expected::Succeeded => {}
         Expected::Failed { exit_code, message } => {
-            env.push(json!({"name": "AX_SIM_EXIT_CODE", "value": exit_code.to_string()}));
+            worker = worker.exit_code(*exit_code);
             if let Some(message) = message {
-                env.push(json!({"name": "AX_SIM_MESSAGE", "value": message}));
+                worker = worker.message(message.clone());
             }
         }
-        Expected::Hanging => env.push(json!({"name": "AX_SIM_HANG", "value": "true"})),
+        Expected::Hanging => worker = worker.hang(),
     }
+    let mut spec = worker.pod_spec();
+    spec["restartPolicy"] = "Never".into();
+    spec["dnsPolicy"] = "Default".into();
+    spec["automountServiceAccountToken"] = false.into();
+    spec["containers"][0]["command"] = json!(["sh", "-c", "exit 0"]);
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -73,20 +78,7 @@ fn pod_manifest(run_id: &str, index: usize, expected: &Expected) -> Pod {
             "namespace": NAMESPACE,
             "labels": {RUN_LABEL: run_id, "ax.dev/e2e-test": "sim-pods"},
         },
-        "spec": {
-            "nodeSelector": {"ax.dev/sim-node": "true"},
-            "tolerations": [{"key": "ax.dev/sim-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
-            "restartPolicy": "Never",
-            "dnsPolicy": "Default",
-            "automountServiceAccountToken": false,
-            "containers": [{
-                "name": "main",
-                "image": "localhost/ax-busybox:1",
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "exit 0"],
-                "env": env,
-            }],
-        },
+        "spec": spec,
     }))
     .expect("the pod manifest is a valid Pod")
 }
@@ -163,7 +155,7 @@ async fn ensure_namespace(client: &Client) {
 
 async fn wait_for_ready_sim_node(client: &Client) {
     let nodes: Api<Node> = Api::all(client.clone());
-    let params = ListParams::default().labels("ax.dev/sim-node=true");
+    let params = ListParams::default().labels(&format!("{SIM_NODE_LABEL}=true"));
     let start = Instant::now();
     loop {
         let listed = nodes.list(&params).await.expect("listing nodes");

@@ -25,8 +25,8 @@ pub use classify::classify;
 pub use conditions::{CallbackResult, callback_outcome, set_condition};
 pub use machine::{LEGAL, is_legal};
 pub use observe::{
-    Event, Refusal, blocks, current_pod, fence, hard_deadline, observe, should_run, soft_deadline,
-    soft_timeout_not_alive,
+    Event, Refusal, blocks, current_pod, fence, hard_deadline, main_has_probe, observe, should_run,
+    soft_deadline, soft_timeout_not_alive,
 };
 pub use reason::Reason;
 pub use validate::{
@@ -64,8 +64,10 @@ pub struct Inputs<'a> {
     pub spec: &'a AxTaskSpec,
     pub status: &'a AxTaskStatus,
     pub generation: Option<i64>,
-    /// The result of [`validate`].
-    pub spec_error: Option<&'a TaskSpecError>,
+    /// The message of [`validate`]'s error, if the spec is invalid.
+    pub spec_error: Option<&'a str>,
+    /// Whether the main container has a readiness or liveness probe ([`main_has_probe`]).
+    pub main_has_probe: bool,
     /// Every pod of this task (owned by it), of any attempt, including those created but not yet
     /// seen (see `worker::expected`).
     pub pods: &'a [WorkerState],
@@ -93,6 +95,7 @@ impl<'a> Inputs<'a> {
             status,
             generation: None,
             spec_error: None,
+            main_has_probe: main_has_probe(spec),
             pods,
             granted: false,
             held: None,

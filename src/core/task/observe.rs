@@ -158,7 +158,7 @@ pub fn observe(
             {
                 return Some(Event::PodRefused((*refusal).clone()));
             }
-            in_flight(spec, status, current_pod(status, inputs.pods), now)
+            in_flight(inputs, status, current_pod(status, inputs.pods), now)
         }
         TaskPhase::Failed | TaskPhase::TimedOut => {
             if spec.cancel {
@@ -176,11 +176,12 @@ pub fn observe(
 }
 
 fn in_flight(
-    spec: &AxTaskSpec,
+    inputs: &Inputs,
     status: &AxTaskStatus,
     pod: Option<&WorkerState>,
     now: Timestamp,
 ) -> Option<Event> {
+    let spec = inputs.spec;
     let hard_at = hard_deadline(spec, status, now);
     let Some(w) = pod else {
         return match status.phase {
@@ -216,7 +217,7 @@ fn in_flight(
     if now >= hard_at {
         return Some(Event::HardTimeout);
     }
-    if let Some(why) = soft_timeout_not_alive(spec, status, w, now) {
+    if let Some(why) = soft_timeout_not_alive(spec, status, w, inputs.main_has_probe, now) {
         return Some(Event::SoftTimeoutNotAlive(why));
     }
     (status.phase == Some(TaskPhase::Scheduled) && w.phase == PodPhase::Running)
@@ -266,6 +267,7 @@ pub fn soft_timeout_not_alive(
     spec: &AxTaskSpec,
     status: &AxTaskStatus,
     w: &WorkerState,
+    probe: bool,
     now: Timestamp,
 ) -> Option<String> {
     let soft_at = soft_deadline(spec, status)?;
@@ -273,7 +275,7 @@ pub fn soft_timeout_not_alive(
         return None;
     }
     let soft = spec.timeout.soft_seconds.unwrap_or_default();
-    if main_has_probe(spec) {
+    if probe {
         let ready = matches!(w.main, MainContainer::Running { ready: true });
         if ready && w.restarts == 0 {
             return None;

@@ -70,7 +70,9 @@ fn decide_with<'a>(
     edit: impl FnOnce(&mut Inputs<'a>),
 ) -> Decision {
     // Leaked so the error lives as long as the inputs borrowing it (tests only).
-    let error: Option<&'a TaskSpecError> = validate(spec).err().map(|e| &*Box::leak(Box::new(e)));
+    let error: Option<&'a str> = validate(spec)
+        .err()
+        .map(|e| &*Box::leak(e.to_string().into_boxed_str()));
     let mut inputs = Inputs::new(TASK, spec, status, pods);
     inputs.generation = Some(1);
     inputs.spec_error = error;
@@ -1444,9 +1446,9 @@ proptest! {
         unit_random in 0.0f64..1.0,
     ) {
         let now = t(now);
-        let error = validate(&spec).err();
+        let error = validate(&spec).err().map(|e| e.to_string());
         let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
-        inputs.spec_error = error.as_ref();
+        inputs.spec_error = error.as_deref();
         inputs.granted = grant;
         let d = decide(&inputs, &Clock { now, operator: OP, unit_random });
         check(&spec, &status, &pods, &d, now)?;

@@ -16,9 +16,13 @@
 //!   change again). It reaches total exactly when the DAG phase is terminal.
 //! - Tasks are created in waves: by wave (longest dependency chain above the task), then by name.
 
+pub mod status;
+
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::api::{DagNodePhase, DagPhase, FailurePolicy, TaskPhase};
 
 /// Longest allowed child AxTask name `<dag>-<task>`: the child's name is the value of the pod label
 /// `ax.dev/task`, and label values are at most 63 characters.
@@ -42,107 +46,31 @@ impl DagNode {
     }
 }
 
-/// The phase of a child AxTask that exists (mirrors the AxTask phases).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ChildPhase {
-    Pending,
-    Scheduled,
-    Running,
-    Succeeded,
-    /// Transient: a retry follows (or Dead).
-    Failed,
-    /// Transient: a retry follows (or Dead).
-    TimedOut,
-    Dead,
-    Canceled,
+/// Dependents of a child that ended this way can never run.
+fn is_final_failure(phase: TaskPhase) -> bool {
+    matches!(phase, TaskPhase::Dead | TaskPhase::Canceled)
 }
 
-impl ChildPhase {
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Dead | Self::Canceled)
-    }
-
-    /// Terminal without success: the child's dependents can never run.
-    pub fn is_final_failure(self) -> bool {
-        matches!(self, Self::Dead | Self::Canceled)
+/// The node's phase when its child is in `phase`.
+pub fn node_phase(phase: TaskPhase) -> DagNodePhase {
+    match phase {
+        TaskPhase::Pending => DagNodePhase::Pending,
+        TaskPhase::Scheduled => DagNodePhase::Scheduled,
+        TaskPhase::Running => DagNodePhase::Running,
+        TaskPhase::Succeeded => DagNodePhase::Succeeded,
+        TaskPhase::Failed => DagNodePhase::Failed,
+        TaskPhase::TimedOut => DagNodePhase::TimedOut,
+        TaskPhase::Dead => DagNodePhase::Dead,
+        TaskPhase::Canceled => DagNodePhase::Canceled,
     }
 }
 
-/// What happens to the rest of the DAG after a child is Dead or Canceled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum FailurePolicy {
-    /// No new task starts; running ones finish.
-    #[default]
-    FailFast,
-    /// Tasks whose dependencies all succeeded keep starting; only dependents of the failure are Skipped.
-    ContinueIndependent,
-}
-
-/// The phase of one node in the DAG status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum NodePhase {
-    /// No child yet; it may still be created.
-    NotStarted,
-    Pending,
-    Scheduled,
-    Running,
-    Succeeded,
-    Failed,
-    TimedOut,
-    Dead,
-    Canceled,
-    /// No child, and none will be created.
-    Skipped,
-}
-
-impl NodePhase {
-    /// The node will not change again (while no child is retried by hand).
-    pub fn is_finished(self) -> bool {
-        matches!(
-            self,
-            Self::Succeeded | Self::Dead | Self::Canceled | Self::Skipped
-        )
-    }
-
-    /// Dependents of a node in this phase can never run.
-    fn blocks_dependents(self) -> bool {
-        matches!(self, Self::Dead | Self::Canceled | Self::Skipped)
-    }
-}
-
-impl From<ChildPhase> for NodePhase {
-    fn from(phase: ChildPhase) -> Self {
-        match phase {
-            ChildPhase::Pending => Self::Pending,
-            ChildPhase::Scheduled => Self::Scheduled,
-            ChildPhase::Running => Self::Running,
-            ChildPhase::Succeeded => Self::Succeeded,
-            ChildPhase::Failed => Self::Failed,
-            ChildPhase::TimedOut => Self::TimedOut,
-            ChildPhase::Dead => Self::Dead,
-            ChildPhase::Canceled => Self::Canceled,
-        }
-    }
-}
-
-/// The phase of the whole DAG.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum DagPhase {
-    /// No child exists yet.
-    Pending,
-    Running,
-    /// Every task succeeded.
-    Succeeded,
-    /// Every node finished, and some task is Dead, Canceled or Skipped.
-    Failed,
-    /// `cancel` was set and every node finished, not all of them Succeeded.
-    Canceled,
-}
-
-impl DagPhase {
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Canceled)
-    }
+/// Dependents of a node in this phase can never run.
+fn blocks_dependents(phase: DagNodePhase) -> bool {
+    matches!(
+        phase,
+        DagNodePhase::Dead | DagNodePhase::Canceled | DagNodePhase::Skipped
+    )
 }
 
 /// Why a DAG spec is invalid; the message is meant for the `InvalidSpec` condition.
@@ -458,7 +386,7 @@ fn post_order(edges: &[Vec<usize>]) -> Vec<usize> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeState {
     pub name: String,
-    pub phase: NodePhase,
+    pub phase: DagNodePhase,
 }
 
 /// What to do now, and the status to report.
@@ -490,12 +418,12 @@ impl Evaluation {
 /// that exist and are not terminal; `Some(0)` pauses creation. O(tasks + dependencies).
 pub fn evaluate(
     graph: &Graph,
-    children: &HashMap<String, ChildPhase>,
+    children: &HashMap<String, TaskPhase>,
     failure_policy: FailurePolicy,
     parallelism: Option<u32>,
     cancel: bool,
 ) -> Evaluation {
-    let child_phases: Vec<Option<ChildPhase>> = graph
+    let child_phases: Vec<Option<TaskPhase>> = graph
         .names
         .iter()
         .map(|name| children.get(name).copied())
@@ -508,7 +436,7 @@ pub fn evaluate(
     let any_final_failure = child_phases
         .iter()
         .flatten()
-        .any(|phase| phase.is_final_failure());
+        .any(|phase| is_final_failure(*phase));
     let start_nothing = cancel || (failure_policy == FailurePolicy::FailFast && any_final_failure);
     let mut free_slots = parallelism.map_or(usize::MAX, |limit| {
         usize::try_from(limit)
@@ -516,25 +444,25 @@ pub fn evaluate(
             .saturating_sub(at_work)
     });
 
-    let mut node_phases = vec![NodePhase::NotStarted; graph.names.len()];
+    let mut node_phases = vec![DagNodePhase::NotStarted; graph.names.len()];
     let mut create = Vec::new();
     // Schedule order is topological: dependencies are decided before their dependents.
     for &id in &graph.schedule_order {
         node_phases[id] = match child_phases[id] {
-            Some(phase) => phase.into(),
+            Some(phase) => node_phase(phase),
             None => {
                 let deps = &graph.dependencies[id];
-                if start_nothing || deps.iter().any(|&dep| node_phases[dep].blocks_dependents()) {
-                    NodePhase::Skipped
+                if start_nothing || deps.iter().any(|&dep| blocks_dependents(node_phases[dep])) {
+                    DagNodePhase::Skipped
                 } else {
                     let ready = deps
                         .iter()
-                        .all(|&dep| node_phases[dep] == NodePhase::Succeeded);
+                        .all(|&dep| node_phases[dep] == DagNodePhase::Succeeded);
                     if ready && free_slots > 0 {
                         free_slots -= 1;
                         create.push(graph.names[id].clone());
                     }
-                    NodePhase::NotStarted
+                    DagNodePhase::NotStarted
                 }
             }
         };
@@ -549,7 +477,7 @@ pub fn evaluate(
         Vec::new()
     };
     let skipped = (0..graph.names.len())
-        .filter(|&id| node_phases[id] == NodePhase::Skipped)
+        .filter(|&id| node_phases[id] == DagNodePhase::Skipped)
         .map(|id| graph.names[id].clone())
         .collect();
     let nodes = graph
@@ -564,12 +492,12 @@ pub fn evaluate(
     let total = node_phases.len();
     let finished = node_phases
         .iter()
-        .filter(|phase| phase.is_finished())
+        .filter(|phase| phase.is_terminal())
         .count();
     let phase = if finished == total {
         if node_phases
             .iter()
-            .all(|&phase| phase == NodePhase::Succeeded)
+            .all(|&phase| phase == DagNodePhase::Succeeded)
         {
             DagPhase::Succeeded
         } else if cancel {
@@ -611,14 +539,14 @@ mod tests {
         }
     }
 
-    fn phases(entries: &[(&str, ChildPhase)]) -> HashMap<String, ChildPhase> {
+    fn phases(entries: &[(&str, TaskPhase)]) -> HashMap<String, TaskPhase> {
         entries
             .iter()
             .map(|&(name, phase)| (name.to_owned(), phase))
             .collect()
     }
 
-    fn node_phase(evaluation: &Evaluation, task: &str) -> NodePhase {
+    fn node_phase(evaluation: &Evaluation, task: &str) -> DagNodePhase {
         match evaluation.nodes.iter().find(|node| node.name == task) {
             Some(node) => node.phase,
             None => panic!("no node {task} in evaluation"),
@@ -636,8 +564,8 @@ mod tests {
         graph_of(&[("d", &["b", "c"]), ("b", &["a"]), ("c", &["a"]), ("a", &[])])
     }
 
-    use ChildPhase::{Canceled, Dead, Failed, Pending, Running, Scheduled, Succeeded, TimedOut};
     use FailurePolicy::{ContinueIndependent, FailFast};
+    use TaskPhase::{Canceled, Dead, Failed, Pending, Running, Scheduled, Succeeded, TimedOut};
 
     #[test]
     fn diamond_runs_in_waves_and_succeeds() {
@@ -648,14 +576,14 @@ mod tests {
         );
         assert_eq!(graph.wave("d"), Some(2));
 
-        let step = |children: &[(&str, ChildPhase)]| {
+        let step = |children: &[(&str, TaskPhase)]| {
             evaluate(&graph, &phases(children), FailFast, None, false)
         };
         let start = step(&[]);
         assert_eq!(start.create, ["a"]);
         assert_eq!(start.phase, DagPhase::Pending);
         assert_eq!(start.progress(), "0/4");
-        assert_eq!(node_phase(&start, "a"), NodePhase::NotStarted);
+        assert_eq!(node_phase(&start, "a"), DagNodePhase::NotStarted);
 
         let a_running = step(&[("a", Running)]);
         assert!(a_running.create.is_empty());
@@ -707,7 +635,7 @@ mod tests {
         );
         assert_eq!(done.phase, DagPhase::Failed);
         assert_eq!(done.progress(), "4/4");
-        assert_eq!(node_phase(&done, "d"), NodePhase::Skipped);
+        assert_eq!(node_phase(&done, "d"), DagNodePhase::Skipped);
     }
 
     // a -> b -> d, a -> c -> e: the failure of b says nothing about e.
@@ -764,8 +692,8 @@ mod tests {
         let evaluation = evaluate(&graph, &children, FailFast, Some(3), false);
         assert!(evaluation.skipped.is_empty());
         assert!(evaluation.create.is_empty());
-        assert_eq!(node_phase(&evaluation, "b"), NodePhase::Failed);
-        assert_eq!(node_phase(&evaluation, "d"), NodePhase::NotStarted);
+        assert_eq!(node_phase(&evaluation, "b"), DagNodePhase::Failed);
+        assert_eq!(node_phase(&evaluation, "d"), DagNodePhase::NotStarted);
         assert_eq!(evaluation.progress(), "1/5");
         assert_eq!(evaluation.phase, DagPhase::Running);
     }
@@ -781,7 +709,7 @@ mod tests {
             false,
         );
         assert!(retried.skipped.is_empty());
-        assert_eq!(node_phase(&retried, "d"), NodePhase::NotStarted);
+        assert_eq!(node_phase(&retried, "d"), DagNodePhase::NotStarted);
         assert_eq!(retried.phase, DagPhase::Running);
     }
 
@@ -866,7 +794,7 @@ mod tests {
         assert_eq!(before_start.phase, DagPhase::Canceled);
         assert_eq!(before_start.skipped.len(), 5);
 
-        let all_done: Vec<(&str, ChildPhase)> =
+        let all_done: Vec<(&str, TaskPhase)> =
             graph.tasks().map(|task| (task, Succeeded)).collect();
         let too_late = evaluate(&graph, &phases(&all_done), FailFast, None, true);
         assert_eq!(too_late.phase, DagPhase::Succeeded);
@@ -1089,14 +1017,14 @@ mod tests {
         found
     }
 
-    fn is_at_work(phase: ChildPhase) -> bool {
+    fn is_at_work(phase: TaskPhase) -> bool {
         !phase.is_terminal()
     }
 
     /// Checks that hold for every evaluation, whatever the children's phases.
     fn check_evaluation(
         graph: &Graph,
-        children: &HashMap<String, ChildPhase>,
+        children: &HashMap<String, TaskPhase>,
         evaluation: &Evaluation,
         policy: FailurePolicy,
         parallelism: Option<u32>,
@@ -1134,7 +1062,7 @@ mod tests {
                 evaluation.create.len()
             );
         }
-        if policy == FailFast && children.values().any(|phase| phase.is_final_failure()) {
+        if policy == FailFast && children.values().any(|phase| is_final_failure(*phase)) {
             assert!(evaluation.create.is_empty(), "new task after a failure");
         }
         for task in &evaluation.skipped {
@@ -1146,13 +1074,13 @@ mod tests {
         assert_eq!(evaluation.nodes.len(), graph.task_count());
         for node in &evaluation.nodes {
             if let Some(&phase) = children.get(&node.name) {
-                assert_eq!(node.phase, NodePhase::from(phase));
+                assert_eq!(node.phase, super::node_phase(phase));
             }
         }
         let finished = evaluation
             .nodes
             .iter()
-            .filter(|node| node.phase.is_finished())
+            .filter(|node| node.phase.is_terminal())
             .count();
         assert_eq!(evaluation.finished, finished);
         assert_eq!(
@@ -1168,7 +1096,7 @@ mod tests {
 
     struct Outcome {
         final_evaluation: Evaluation,
-        children: HashMap<String, ChildPhase>,
+        children: HashMap<String, TaskPhase>,
         created: Vec<String>,
     }
 
@@ -1183,7 +1111,7 @@ mod tests {
         seed: u64,
     ) -> Outcome {
         let mut rng = Rng(seed | 1);
-        let mut children: HashMap<String, ChildPhase> = HashMap::new();
+        let mut children: HashMap<String, TaskPhase> = HashMap::new();
         let mut failures: HashMap<String, u32> = HashMap::new();
         let mut created = Vec::new();
         let step_limit = 20 * graph.task_count() + 10;
@@ -1311,8 +1239,8 @@ mod tests {
             for node in &outcome.final_evaluation.nodes {
                 match outcome.children.get(&node.name) {
                     Some(_) if node.name == doomed => {}
-                    Some(_) => prop_assert_eq!(node.phase, NodePhase::Succeeded),
-                    None => prop_assert_eq!(node.phase, NodePhase::Skipped),
+                    Some(_) => prop_assert_eq!(node.phase, DagNodePhase::Succeeded),
+                    None => prop_assert_eq!(node.phase, DagNodePhase::Skipped),
                 }
             }
         }
@@ -1331,11 +1259,11 @@ mod tests {
             prop_assert_eq!(outcome.final_evaluation.phase, DagPhase::Failed);
             for node in &outcome.final_evaluation.nodes {
                 let expected = if node.name == doomed {
-                    NodePhase::Dead
+                    DagNodePhase::Dead
                 } else if blocked.contains(&node.name) {
-                    NodePhase::Skipped
+                    DagNodePhase::Skipped
                 } else {
-                    NodePhase::Succeeded
+                    DagNodePhase::Succeeded
                 };
                 prop_assert_eq!(node.phase, expected, "task {}", node.name);
             }

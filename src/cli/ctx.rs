@@ -1,0 +1,120 @@
+//! The connection of one `kubectl ax` run (client required): the user's kubeconfig and context,
+//! the namespace to look in, and reads of ax objects that turn failures into `CliError`s.
+
+use kube::api::{ListParams, ObjectList};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+use crate::api::{AxDag, AxQueue, AxTask};
+
+use super::args::GlobalArgs;
+use super::error::{CliError, Op, Resource, error_chain, from_kube};
+
+pub struct Ctx {
+    pub client: Client,
+    /// The namespace named by `-n`, else the context's, else `default`.
+    pub namespace: String,
+    pub global: GlobalArgs,
+}
+
+impl Ctx {
+    /// A client from `--kubeconfig`/`--context`, else kube's usual inference ($KUBECONFIG,
+    /// ~/.kube/config, in-cluster).
+    pub async fn connect(global: &GlobalArgs) -> Result<Ctx, CliError> {
+        let options = KubeConfigOptions {
+            context: global.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        let config = match (&global.kubeconfig, &global.context) {
+            (Some(path), _) => {
+                let kubeconfig = Kubeconfig::read_from(path)
+                    .map_err(|e| CliError::Config(format!("{}: {}", path.display(), e)))?;
+                Config::from_custom_kubeconfig(kubeconfig, &options)
+                    .await
+                    .map_err(|e| CliError::Config(error_chain(&e)))?
+            }
+            (None, Some(_)) => Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| CliError::Config(error_chain(&e)))?,
+            (None, None) => Config::infer()
+                .await
+                .map_err(|e| CliError::Config(error_chain(&e)))?,
+        };
+        let namespace = global
+            .namespace
+            .clone()
+            .unwrap_or_else(|| config.default_namespace.clone());
+        let client = Client::try_from(config).map_err(|e| CliError::Config(error_chain(&e)))?;
+        Ok(Ctx {
+            client,
+            namespace,
+            global: global.clone(),
+        })
+    }
+
+    /// `None` with `-A`: every namespace.
+    pub fn list_namespace(&self) -> Option<&str> {
+        (!self.global.all_namespaces).then_some(self.namespace.as_str())
+    }
+
+    pub fn tasks(&self, namespace: Option<&str>) -> Api<AxTask> {
+        match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    pub fn dags(&self, namespace: Option<&str>) -> Api<AxDag> {
+        match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    pub fn queues(&self) -> Api<AxQueue> {
+        Api::all(self.client.clone())
+    }
+
+    /// The task, or `NotFound` naming the namespace searched.
+    pub async fn get_task(&self, name: &str) -> Result<AxTask, CliError> {
+        let op = Op::new("get", Resource::Task)
+            .namespace(Some(&self.namespace))
+            .name(name);
+        self.tasks(Some(&self.namespace))
+            .get(name)
+            .await
+            .map_err(|e| from_kube(&op, e))
+    }
+
+    pub async fn get_dag(&self, name: &str) -> Result<AxDag, CliError> {
+        let op = Op::new("get", Resource::Dag)
+            .namespace(Some(&self.namespace))
+            .name(name);
+        self.dags(Some(&self.namespace))
+            .get(name)
+            .await
+            .map_err(|e| from_kube(&op, e))
+    }
+
+    /// Tasks in the namespace (or all with `-A`) matching the label selector.
+    pub async fn list_tasks(&self, selector: Option<&str>) -> Result<ObjectList<AxTask>, CliError> {
+        let namespace = self.list_namespace();
+        let op = Op::new("list", Resource::Task).namespace(namespace);
+        let mut params = ListParams::default();
+        if let Some(s) = selector {
+            params = params.labels(s);
+        }
+        self.tasks(namespace)
+            .list(&params)
+            .await
+            .map_err(|e| from_kube(&op, e))
+    }
+}
+
+/// A task's namespace and name as `ns/name`, or just the name when only one namespace is shown.
+pub fn qualified_name(namespace: Option<&str>, name: &str, all_namespaces: bool) -> String {
+    match namespace {
+        Some(ns) if all_namespaces => format!("{ns}/{name}"),
+        _ => name.to_owned(),
+    }
+}

@@ -1,0 +1,134 @@
+//! `kubectl ax`, the kubectl plugin of ax (binary `kubectl-ax`): the operators' console in the
+//! terminal. Each verb has its own module; the pure parts (tables, filters, DAG levels, error
+//! classification, what to patch) are plain functions tested without a cluster, the rest reads
+//! and writes through the user's kubeconfig.
+//!
+//! Errors are one line on stderr (`error: ...`) and exit code 1; usage errors exit 2 (clap).
+
+pub mod args;
+pub mod ctx;
+pub mod dag;
+pub mod describe;
+pub mod error;
+pub mod format;
+pub mod list;
+pub mod logs;
+pub mod operator;
+pub mod rerun;
+pub mod submit;
+pub mod target;
+pub mod top;
+pub mod wait;
+
+use std::io::Write;
+
+use clap::CommandFactory;
+
+use args::{Cli, Command, Shell};
+use ctx::Ctx;
+use error::CliError;
+
+/// Runs one command line; the exit code to end the process with.
+pub async fn main(cli: Cli) -> i32 {
+    match run(cli).await {
+        Ok(()) => 0,
+        // `kubectl ax list | head`: a closed pipe is the reader's choice, not an error.
+        Err(CliError::Io(e)) if e.contains("Broken pipe") => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    match &cli.command {
+        Command::Completion(args) => return completion(args.shell),
+        Command::Version(args) if args.client => {
+            println!("kubectl-ax {}", env!("CARGO_PKG_VERSION"));
+            return Ok(());
+        }
+        _ => {}
+    }
+    let ctx = Ctx::connect(&cli.global).await?;
+    match &cli.command {
+        Command::List(args) => list::run(&ctx, args).await,
+        Command::Describe(args) => describe::run(&ctx, args).await,
+        Command::Retry(args) => rerun::retry(&ctx, args).await,
+        Command::Cancel(args) => rerun::cancel(&ctx, args).await,
+        Command::Logs(args) => logs::run(&ctx, args).await,
+        Command::Dag(args) => dag::run(&ctx, args).await,
+        Command::Top(args) => top::run(&ctx, args).await,
+        Command::Submit(args) => submit::run(&ctx, args).await,
+        Command::Wait(args) => wait::run(&ctx, args).await,
+        Command::Version(_) => version(&ctx).await,
+        Command::Completion(_) => unreachable!("handled before connecting"),
+    }
+}
+
+fn completion(shell: Shell) -> Result<(), CliError> {
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut command = Cli::command();
+    let mut out = std::io::stdout().lock();
+    clap_complete::generate(shell, &mut command, "kubectl-ax", &mut out);
+    out.flush()?;
+    Ok(())
+}
+
+async fn version(ctx: &Ctx) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "kubectl-ax {}", env!("CARGO_PKG_VERSION"))?;
+    let server = ctx
+        .client
+        .apiserver_version()
+        .await
+        .map_err(|e| CliError::Unreachable(error::error_chain(&e)))?;
+    writeln!(out, "server     {}", server.git_version)?;
+    let operator = match operator::state(ctx).await {
+        Ok(state) => state.describe(),
+        Err(e) => format!("unknown ({e})"),
+    };
+    writeln!(
+        out,
+        "operator   {operator} [Lease {}/{}]",
+        ctx.global.operator_namespace, ctx.global.operator_lease
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_krew_manifest_installs_this_binary_at_this_version() {
+        let template = include_str!("../../plugins/ax.yaml")
+            .replace("@VERSION@", env!("CARGO_PKG_VERSION"))
+            .replace("@URI@", "https://example.org/kubectl-ax.tar.gz")
+            .replace("@SHA256@", &"0".repeat(64));
+        let manifest: serde_json::Value = serde_yaml::from_str(&template).expect("YAML");
+        assert_eq!(manifest["kind"], "Plugin");
+        assert_eq!(manifest["metadata"]["name"], "ax", "`kubectl ax`");
+        assert_eq!(
+            manifest["spec"]["version"],
+            format!("v{}", env!("CARGO_PKG_VERSION"))
+        );
+        let platform = &manifest["spec"]["platforms"][0];
+        assert_eq!(platform["bin"], "kubectl-ax");
+        assert_eq!(platform["files"][0]["from"], "kubectl-ax");
+        assert_eq!(
+            Cli::command().get_name(),
+            "kubectl-ax",
+            "the binary kubectl runs as `kubectl ax`"
+        );
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,209 @@
+//! `kubectl ax top`: every AxQueue at a glance, from its status as the operator wrote it: pending
+//! tasks per bucket, running / concurrency, open circuits, retry tokens, dispatched and dead
+//! totals. `--watch` redraws on each change of a queue (an API watch). `queue_row` is pure; `run`
+//! reads (client required).
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+
+use futures::TryStreamExt;
+use jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::ListParams;
+use kube::runtime::watcher;
+
+use crate::api::AxQueue;
+
+use super::args::TopArgs;
+use super::ctx::Ctx;
+use super::error::{CliError, Op, Resource, from_kube};
+use super::format::{self, time};
+use super::list::watch_error;
+
+pub const HEADERS: [&str; 10] = [
+    "QUEUE",
+    "CRITICAL",
+    "HIGH",
+    "NORMAL",
+    "LOW",
+    "RUNNING",
+    "OPEN-CIRCUITS",
+    "RETRY-TOKENS",
+    "DISPATCHED",
+    "DEAD",
+];
+
+/// One queue under `HEADERS`; RUNNING is `running/concurrency`, an invalid spec is flagged.
+pub fn queue_row(queue: &AxQueue) -> Vec<String> {
+    let status = queue.status.clone().unwrap_or_default();
+    let invalid = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "InvalidSpec" && c.status == "True");
+    let name = if invalid {
+        format!("{} (InvalidSpec)", queue.name_any())
+    } else {
+        queue.name_any()
+    };
+    vec![
+        name,
+        status.pending.critical.to_string(),
+        status.pending.high.to_string(),
+        status.pending.normal.to_string(),
+        status.pending.low.to_string(),
+        format!("{}/{}", status.running, queue.spec.concurrency),
+        status.open_circuits.join(","),
+        status.retry_tokens.to_string(),
+        status.dispatched.to_string(),
+        status.dead.to_string(),
+    ]
+}
+
+pub fn render(queues: &[AxQueue]) -> String {
+    let rows: Vec<Vec<String>> = queues.iter().map(queue_row).collect();
+    format::table(&HEADERS, &rows)
+}
+
+fn wanted(args: &TopArgs, queue: &AxQueue) -> bool {
+    args.queues.is_empty() || args.queues.contains(&queue.name_any())
+}
+
+pub async fn run(ctx: &Ctx, args: &TopArgs) -> Result<(), CliError> {
+    let op = Op::new("list", Resource::Queue);
+    if !args.watch {
+        let mut queues: Vec<AxQueue> = ctx
+            .queues()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| from_kube(&op, e))?
+            .items
+            .into_iter()
+            .filter(|q| wanted(args, q))
+            .collect();
+        if let Some(missing) = args
+            .queues
+            .iter()
+            .find(|name| !queues.iter().any(|q| q.name_any() == **name))
+        {
+            return Err(CliError::NotFound {
+                resource: Resource::Queue,
+                name: missing.clone(),
+                namespace: None,
+            });
+        }
+        queues.sort_by_key(|q| q.name_any());
+        std::io::stdout()
+            .lock()
+            .write_all(render(&queues).as_bytes())?;
+        return Ok(());
+    }
+    let watch_op = Op::new("watch", Resource::Queue);
+    let stream = watcher(ctx.queues(), watcher::Config::default());
+    let mut stream = std::pin::pin!(stream);
+    let mut queues: BTreeMap<String, AxQueue> = BTreeMap::new();
+    let mut listing: BTreeMap<String, AxQueue> = BTreeMap::new();
+    let mut ready = false;
+    let clear = std::io::stdout().is_terminal();
+    loop {
+        let event = match stream.try_next().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return Ok(()),
+            // Before the first list, an error says why nothing can be watched (403, no CRDs);
+            // later ones are interruptions the watcher recovers from.
+            Err(e) if !ready => return Err(watch_error(&watch_op, e)),
+            Err(e) => {
+                eprintln!(
+                    "warning: watch interrupted ({}); resuming",
+                    watch_error(&watch_op, e)
+                );
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        match event {
+            watcher::Event::Init => listing.clear(),
+            watcher::Event::InitApply(q) => {
+                listing.insert(q.name_any(), q);
+            }
+            watcher::Event::InitDone => {
+                queues = std::mem::take(&mut listing);
+                ready = true;
+            }
+            watcher::Event::Apply(q) => {
+                queues.insert(q.name_any(), q);
+            }
+            watcher::Event::Delete(q) => {
+                queues.remove(&q.name_any());
+            }
+        }
+        if !ready {
+            continue;
+        }
+        let shown: Vec<AxQueue> = queues
+            .values()
+            .filter(|q| wanted(args, q))
+            .cloned()
+            .collect();
+        let mut out = std::io::stdout().lock();
+        if clear {
+            out.write_all(b"\x1b[H\x1b[2J")?;
+        }
+        writeln!(out, "{}", time(Timestamp::now()))?;
+        out.write_all(render(&shown).as_bytes())?;
+        if !clear {
+            writeln!(out)?;
+        }
+        out.flush()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_shows_the_status_counts_and_concurrency() {
+        let q: AxQueue = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxQueue",
+            "metadata": {"name": "batch"},
+            "spec": {"concurrency": 10},
+            "status": {"pending": {"critical": 1, "high": 2, "normal": 3, "low": 4},
+                       "running": 7, "openCircuits": ["report", "mail"], "openCircuitCount": 2,
+                       "retryTokens": 12, "dispatched": 99, "dead": 5},
+        }))
+        .unwrap();
+        assert_eq!(
+            queue_row(&q),
+            [
+                "batch",
+                "1",
+                "2",
+                "3",
+                "4",
+                "7/10",
+                "report,mail",
+                "12",
+                "99",
+                "5"
+            ]
+        );
+        let text = render(&[q]);
+        assert!(text.starts_with("QUEUE"), "{text}");
+    }
+
+    #[test]
+    fn an_invalid_or_unreported_queue_still_renders() {
+        let q: AxQueue = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxQueue",
+            "metadata": {"name": "new"},
+            "spec": {},
+            "status": {"conditions": [{"type": "InvalidSpec", "status": "True", "reason": "BadTimeZone",
+                                        "lastTransitionTime": "2025-01-01T00:00:00Z"}]},
+        }))
+        .unwrap();
+        let row = queue_row(&q);
+        assert_eq!(row[0], "new (InvalidSpec)");
+        assert_eq!(row[5], "0/100");
+        assert_eq!(row[6], "");
+    }
+}

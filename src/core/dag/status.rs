@@ -1,0 +1,345 @@
+//! The status an AxDag shows (no client required): its nodes, phase, progress and conditions from
+//! the graph's evaluation, what the previous status recorded of children that are gone, and how a
+//! child's own phase counts for the graph.
+
+use std::collections::{BTreeMap, HashMap};
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::{Evaluation, Graph};
+use crate::api::{
+    AxDag, AxDagStatus, AxTask, Condition, DagNodePhase, DagNodeStatus, DagPhase, TaskPhase,
+};
+
+/// A child the task controller has not seen yet, or whose re-run request it has not acted on yet,
+/// is Pending.
+pub fn child_phase(child: &AxTask) -> TaskPhase {
+    let status = child.status.as_ref();
+    let rerun_waiting = !child.spec.cancel
+        && child.spec.rerun > status.map_or(0, |s| s.observed_rerun)
+        && status
+            .and_then(|s| s.phase)
+            .is_some_and(TaskPhase::is_terminal);
+    if rerun_waiting {
+        return TaskPhase::Pending;
+    }
+    phase_of(status.and_then(|s| s.phase))
+}
+
+pub fn phase_of(phase: Option<TaskPhase>) -> TaskPhase {
+    phase.unwrap_or(TaskPhase::Pending)
+}
+
+/// Whether the DAG's status records the child as finished the way it did.
+pub fn recorded_as(node: &DagNodeStatus, phase: TaskPhase) -> bool {
+    node.task.is_some()
+        && matches!(
+            (node.phase, phase),
+            (DagNodePhase::Succeeded, TaskPhase::Succeeded)
+                | (DagNodePhase::Dead, TaskPhase::Dead)
+                | (DagNodePhase::Canceled, TaskPhase::Canceled)
+        )
+}
+
+/// A child that finished and was deleted since (e.g. by its `ttlSecondsAfterFinished`) keeps the
+/// phase the status recorded, so it is not run again.
+pub fn remember_finished_children(before: &AxDagStatus, phases: &mut HashMap<String, TaskPhase>) {
+    for (task, node) in &before.nodes {
+        let recorded = match node.phase {
+            DagNodePhase::Succeeded => TaskPhase::Succeeded,
+            DagNodePhase::Dead => TaskPhase::Dead,
+            DagNodePhase::Canceled => TaskPhase::Canceled,
+            _ => continue,
+        };
+        if node.task.is_some() {
+            phases.entry(task.clone()).or_insert(recorded);
+        }
+    }
+}
+
+pub fn graph_status(
+    graph: &Graph,
+    dag: &AxDag,
+    before: &AxDagStatus,
+    evaluation: &Evaluation,
+    now: Timestamp,
+) -> AxDagStatus {
+    let nodes: BTreeMap<String, DagNodeStatus> = evaluation
+        .nodes
+        .iter()
+        .map(|node| {
+            let has_child = !matches!(node.phase, DagNodePhase::NotStarted | DagNodePhase::Skipped);
+            let status = DagNodeStatus {
+                phase: node.phase,
+                task: has_child.then(|| graph.child_name(&node.name)),
+            };
+            (node.name.clone(), status)
+        })
+        .collect();
+    let phase = evaluation.phase;
+    let any_child = nodes.values().any(|node| node.task.is_some());
+    let generation = dag.metadata.generation;
+    let (ready_reason, ready_message) = ready_reason(phase, evaluation);
+    let conditions = vec![
+        condition(
+            before,
+            "Ready",
+            phase == DagPhase::Succeeded,
+            ready_reason,
+            &ready_message,
+            generation,
+            now,
+        ),
+        condition(before, "InvalidSpec", false, "Valid", "", generation, now),
+    ];
+    AxDagStatus {
+        phase: Some(phase),
+        nodes,
+        progress: Some(evaluation.progress()),
+        started_at: before.started_at.or(any_child.then_some(now)),
+        finished_at: finished_at(phase, before, now),
+        conditions,
+        observed_generation: generation,
+        observed_rerun: before.observed_rerun,
+    }
+}
+
+pub fn invalid_status(
+    dag: &AxDag,
+    before: &AxDagStatus,
+    message: &str,
+    now: Timestamp,
+) -> AxDagStatus {
+    let generation = dag.metadata.generation;
+    AxDagStatus {
+        phase: Some(DagPhase::Failed),
+        nodes: BTreeMap::new(),
+        progress: Some(format!("0/{}", dag.spec.tasks.len())),
+        started_at: before.started_at,
+        finished_at: finished_at(DagPhase::Failed, before, now),
+        conditions: vec![
+            condition(
+                before,
+                "Ready",
+                false,
+                "InvalidSpec",
+                "the DAG cannot run",
+                generation,
+                now,
+            ),
+            condition(
+                before,
+                "InvalidSpec",
+                true,
+                "InvalidSpec",
+                message,
+                generation,
+                now,
+            ),
+        ],
+        observed_generation: generation,
+        observed_rerun: before.observed_rerun,
+    }
+}
+
+/// Set once when the phase becomes terminal; cleared if it leaves it (a child retried by hand).
+pub fn finished_at(phase: DagPhase, before: &AxDagStatus, now: Timestamp) -> Option<Timestamp> {
+    let was_terminal = before.phase.is_some_and(DagPhase::is_terminal);
+    match (phase.is_terminal(), was_terminal) {
+        (true, true) => before.finished_at.or(Some(now)),
+        (true, false) => Some(now),
+        (false, _) => None,
+    }
+}
+
+/// Why the DAG is (not) Ready, naming the tasks that failed it (a few of them).
+fn ready_reason(phase: DagPhase, evaluation: &Evaluation) -> (&'static str, String) {
+    let named = |wanted: DagNodePhase| -> Vec<&str> {
+        evaluation
+            .nodes
+            .iter()
+            .filter(|node| node.phase == wanted)
+            .map(|node| node.name.as_str())
+            .collect()
+    };
+    let message = match phase {
+        DagPhase::Succeeded => format!("all {} tasks succeeded", evaluation.total),
+        DagPhase::Pending | DagPhase::Running => {
+            format!(
+                "{} of {} tasks finished",
+                evaluation.finished, evaluation.total
+            )
+        }
+        DagPhase::Failed | DagPhase::Canceled => {
+            let parts: Vec<String> = [
+                ("dead", DagNodePhase::Dead),
+                ("canceled", DagNodePhase::Canceled),
+                ("skipped", DagNodePhase::Skipped),
+            ]
+            .into_iter()
+            .filter_map(|(label, wanted)| {
+                let tasks = named(wanted);
+                (!tasks.is_empty()).then(|| format!("{label}: {}", short_list(&tasks)))
+            })
+            .collect();
+            parts.join("; ")
+        }
+    };
+    (phase.as_str(), message)
+}
+
+fn short_list(tasks: &[&str]) -> String {
+    const SHOWN: usize = 10;
+    let mut list = tasks
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if tasks.len() > SHOWN {
+        list.push_str(&format!(" and {} more", tasks.len() - SHOWN));
+    }
+    list
+}
+
+/// A condition, keeping its lastTransitionTime while its status does not change.
+fn condition(
+    before: &AxDagStatus,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let last_transition_time = before
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time,
+        observed_generation: generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(phase: DagNodePhase, task: Option<&str>) -> DagNodeStatus {
+        DagNodeStatus {
+            phase,
+            task: task.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn finished_children_deleted_since_keep_their_recorded_phase() {
+        let before = AxDagStatus {
+            nodes: BTreeMap::from([
+                ("a".to_owned(), node(DagNodePhase::Succeeded, Some("d-a"))),
+                ("b".to_owned(), node(DagNodePhase::Running, Some("d-b"))),
+                ("c".to_owned(), node(DagNodePhase::Skipped, None)),
+                ("e".to_owned(), node(DagNodePhase::Dead, Some("d-e"))),
+            ]),
+            ..Default::default()
+        };
+        let mut phases = HashMap::from([("e".to_owned(), TaskPhase::Pending)]);
+        remember_finished_children(&before, &mut phases);
+        // a finished and is gone: remembered. b was running and is gone: created again.
+        // c never had a child. e exists again (retried by hand): its real phase wins.
+        assert_eq!(
+            phases,
+            HashMap::from([
+                ("a".to_owned(), TaskPhase::Succeeded),
+                ("e".to_owned(), TaskPhase::Pending),
+            ])
+        );
+    }
+
+    #[test]
+    fn finished_at_is_set_once_and_cleared_when_the_dag_runs_again() {
+        let t0 = Timestamp::UNIX_EPOCH;
+        let t1 = t0 + jiff::SignedDuration::from_secs(5);
+        let running = AxDagStatus {
+            phase: Some(DagPhase::Running),
+            ..Default::default()
+        };
+        assert_eq!(finished_at(DagPhase::Failed, &running, t0), Some(t0));
+        let failed = AxDagStatus {
+            phase: Some(DagPhase::Failed),
+            finished_at: Some(t0),
+            ..Default::default()
+        };
+        assert_eq!(finished_at(DagPhase::Failed, &failed, t1), Some(t0));
+        assert_eq!(finished_at(DagPhase::Running, &failed, t1), None);
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_while_unchanged() {
+        let now = Timestamp::UNIX_EPOCH;
+        let first = condition(
+            &AxDagStatus::default(),
+            "Ready",
+            false,
+            "Running",
+            "",
+            Some(1),
+            now,
+        );
+        let before = AxDagStatus {
+            conditions: vec![first.clone()],
+            ..Default::default()
+        };
+        let same = condition(
+            &before,
+            "Ready",
+            false,
+            "Running",
+            "1 of 2",
+            Some(1),
+            now + jiff::SignedDuration::from_secs(1),
+        );
+        assert_eq!(same.last_transition_time, first.last_transition_time);
+        let flipped = condition(&before, "Ready", true, "Succeeded", "", Some(1), now);
+        assert_eq!(flipped.status, "True");
+    }
+
+    #[test]
+    fn a_child_not_seen_by_the_task_controller_is_pending() {
+        assert_eq!(phase_of(None), TaskPhase::Pending);
+        assert_eq!(phase_of(Some(TaskPhase::Dead)), TaskPhase::Dead);
+        let mut child: AxTask = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask", "metadata": {"name": "d-a"},
+            "spec": {"type": "x", "template": {"spec": {"containers": []}}},
+            "status": {"phase": "Dead"},
+        }))
+        .expect("a task");
+        assert_eq!(child_phase(&child), TaskPhase::Dead);
+        child.spec.rerun = 1;
+        assert_eq!(
+            child_phase(&child),
+            TaskPhase::Pending,
+            "its re-run is on its way"
+        );
+    }
+
+    #[test]
+    fn long_lists_are_shortened() {
+        let tasks: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+        let refs: Vec<&str> = tasks.iter().map(String::as_str).collect();
+        assert_eq!(
+            short_list(&refs),
+            "t0, t1, t2, t3, t4, t5, t6, t7, t8, t9 and 2 more"
+        );
+        assert_eq!(short_list(&refs[..2]), "t0, t1");
+    }
+}
