@@ -14,6 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::sim::SimWorker;
 use super::{repo_root, run_kubectl};
 
 pub const POOL_LABEL: &str = "ax.dev/sim-pool";
@@ -196,20 +197,12 @@ impl SimPool {
     }
 
     fn pod_spec(&self, millis: u64) -> serde_json::Value {
-        json!({
-            "nodeSelector": {POOL_LABEL: self.name},
-            "tolerations": [
-                {"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"},
-            ],
-            "containers": [{
-                "name": "worker",
-                "image": "localhost/ax-busybox:1",
-                "env": [
-                    {"name": "AX_SIM_START_MS", "value": "50"},
-                    {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
-                ],
-            }],
-        })
+        // ax-sim's own builder, with the pool's selector and toleration instead of the shared ones.
+        let mut spec = SimWorker::running_for(millis).start_ms(50).pod_spec();
+        spec["nodeSelector"] = json!({POOL_LABEL: self.name});
+        spec["tolerations"] =
+            json!([{"key": POOL_LABEL, "operator": "Exists", "effect": "NoSchedule"}]);
+        spec
     }
 }
 

@@ -4,11 +4,17 @@
 //! The algorithm is AIMD — additive increase, multiplicative decrease — the congestion control of
 //! TCP, driven by one look at the queue's worker pods per period:
 //! - congested (some of its pods are Unschedulable, or run on nodes reporting MemoryPressure,
-//!   DiskPressure or PIDPressure): decrease to what the cluster actually holds for the queue on
-//!   healthy nodes, but at most by half in one period; never grow;
+//!   DiskPressure or PIDPressure): decrease to what the cluster holds for the queue on healthy
+//!   nodes, but at most by half in one period; never grow. For Unschedulable pods "what it holds"
+//!   is the most placed in the last [`PLACED_MEMORY`] looks: the scheduler retries an
+//!   Unschedulable pod only after a back-off (up to 10 s), so pods that finished leave room that
+//!   still-waiting pods have not taken yet, and the count of the moment would undershoot;
 //! - not congested, with tasks waiting and every slot in use: increase by a step that starts at 1
 //!   and doubles after every [`CALM_PERIODS`] calm periods in a row, at most a quarter of the
 //!   current value (so a cluster that grew is found in a few periods, and an overshoot is small);
+//!   near the value of the last decrease (up to a quarter above it) the step stays 1, like TCP's
+//!   congestion avoidance above its slow-start threshold, so probing the known edge costs at
+//!   most a pod or two;
 //! - otherwise (idle, or a limit of another kind binds): stay, since nothing was learned.
 //!
 //! Why AIMD and not a gradient (as in Netflix's concurrency-limits): a gradient needs a latency to
@@ -23,6 +29,8 @@ use std::fmt;
 
 /// Calm periods (no congestion, every slot used, tasks waiting) after which the step doubles.
 pub const CALM_PERIODS: u32 = 4;
+/// Looks over which the most pods placed is taken as the capacity the queue got.
+pub const PLACED_MEMORY: usize = 5;
 
 /// What the cluster shows about one queue's worker pods at one look, and the queue's own counts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -98,6 +106,10 @@ pub struct AdaptiveConcurrency {
     current: u32,
     step: u32,
     calm: u32,
+    /// Healthy pods placed at the last [`PLACED_MEMORY`] looks, newest last.
+    recent_placed: std::collections::VecDeque<u32>,
+    /// The value of the last decrease: growth near it is by 1.
+    edge: Option<u32>,
 }
 
 impl AdaptiveConcurrency {
@@ -108,6 +120,8 @@ impl AdaptiveConcurrency {
             current: bounds.clamp(start),
             step: 1,
             calm: 0,
+            recent_placed: std::collections::VecDeque::with_capacity(PLACED_MEMORY),
+            edge: None,
         }
     }
 
@@ -121,12 +135,25 @@ impl AdaptiveConcurrency {
     pub fn observe(&mut self, seen: &Observation, bounds: Bounds) -> Option<Change> {
         let current = bounds.clamp(self.current);
         self.current = current;
+        let healthy = seen.placed.saturating_sub(seen.on_pressured_nodes);
+        if self.recent_placed.len() == PLACED_MEMORY {
+            self.recent_placed.pop_front();
+        }
+        self.recent_placed.push_back(healthy);
         let congested = seen.unschedulable > 0 || seen.on_pressured_nodes > 0;
         let (to, reason, message) = if congested {
             self.step = 1;
             self.calm = 0;
-            let healthy = seen.placed.saturating_sub(seen.on_pressured_nodes);
-            let to = bounds.clamp(healthy.max(current / 2).min(current));
+            // Pressure is news of the moment; Unschedulable pods may be a scheduler back-off's lag.
+            let held_lately = if seen.on_pressured_nodes > 0 {
+                healthy
+            } else {
+                self.recent_placed.iter().copied().max().unwrap_or(healthy)
+            };
+            let to = bounds.clamp(held_lately.max(current / 2).min(current));
+            if to < current {
+                self.edge = Some(to);
+            }
             if seen.on_pressured_nodes > 0 {
                 let message = format!(
                     "{} pods of the queue run on nodes reporting pressure ({}), {healthy} placed elsewhere, {} Unschedulable",
@@ -143,7 +170,17 @@ impl AdaptiveConcurrency {
                 (to, ChangeReason::PodsUnschedulable, message)
             }
         } else if seen.waiting > 0 && seen.held >= current {
-            let to = bounds.clamp(current.saturating_add(self.step));
+            // Past a quarter above the last decrease, that edge is stale: the cluster grew.
+            if self
+                .edge
+                .is_some_and(|edge| current > edge.saturating_add((edge / 4).max(1)))
+            {
+                self.edge = None;
+                self.step = 1;
+                self.calm = 0;
+            }
+            let step = if self.edge.is_some() { 1 } else { self.step };
+            let to = bounds.clamp(current.saturating_add(step));
             self.calm += 1;
             if self.calm.is_multiple_of(CALM_PERIODS) {
                 self.step = (self.step * 2).min((current / 4).max(1));
@@ -243,6 +280,65 @@ mod tests {
             periods += 1;
             assert!(periods < 25, "too slow to grow: {}", adaptive.current());
         }
+    }
+
+    #[test]
+    fn pods_waiting_out_a_scheduler_back_off_do_not_cut_below_what_was_just_placed() {
+        let b = bounds(2, 50);
+        let mut adaptive = AdaptiveConcurrency::new(16, b);
+        let full = Observation {
+            unschedulable: 6,
+            placed: 10,
+            held: 16,
+            waiting: 20,
+            ..Observation::default()
+        };
+        let change = adaptive.observe(&full, b).expect("a decrease");
+        assert_eq!((change.from, change.to), (16, 10));
+        // Some pods finished; the Unschedulable ones have not been retried yet.
+        let lagging = Observation {
+            unschedulable: 4,
+            placed: 4,
+            held: 10,
+            waiting: 20,
+            ..Observation::default()
+        };
+        assert_eq!(adaptive.observe(&lagging, b), None);
+        assert_eq!(adaptive.current(), 10);
+        // Once that look has aged out, a capacity that really shrank is followed (by half at most
+        // per look: 10 -> 5 -> 4).
+        for _ in 0..PLACED_MEMORY {
+            adaptive.observe(&lagging, b);
+        }
+        assert_eq!(adaptive.current(), 4);
+    }
+
+    #[test]
+    fn probes_the_last_edge_one_pod_at_a_time() {
+        let b = bounds(2, 50);
+        let mut adaptive = AdaptiveConcurrency::new(16, b);
+        let over = Observation {
+            unschedulable: 6,
+            placed: 10,
+            held: 16,
+            waiting: 20,
+            ..Observation::default()
+        };
+        adaptive.observe(&over, b);
+        let mut values = Vec::new();
+        for _ in 0..8 {
+            let current = adaptive.current();
+            let calm = Observation {
+                placed: current,
+                held: current,
+                waiting: 20,
+                ..Observation::default()
+            };
+            adaptive.observe(&calm, b);
+            values.push(adaptive.current());
+        }
+        // By 1 up to a quarter above the edge, then faster again.
+        assert_eq!(&values[..3], &[11, 12, 13], "{values:?}");
     }
 
     #[test]
