@@ -540,15 +540,29 @@ async fn an_adaptive_queue_settles_at_its_nodes_capacity_and_follows_it_up() {
     let census = PodCensus::start(&client, &ns);
     let feeder = Feeder::start(&client, &ns, &queue.name, 25, pool.template(6000));
 
-    let first_decrease = wait_settled(
+    // It grows until the pool is full, lowers its concurrency (the first adjustment), and settles.
+    wait_queue(
+        &client,
+        &queue.name,
+        Duration::from_secs(180),
+        "a decrease for Unschedulable pods",
+        |q| {
+            q.status
+                .as_ref()
+                .and_then(|s| s.last_concurrency_change.as_ref())
+                .is_some_and(|c| c.to < c.from && c.reason == "PodsUnschedulable")
+        },
+    )
+    .await;
+    let first_decrease = Instant::now();
+    wait_settled(
         &client,
         &queue.name,
         8..=13,
         Duration::from_secs(12),
         Duration::from_secs(180),
     )
-    .await
-    .expect("the queue found the capacity by lowering its concurrency once");
+    .await;
     // After the first adjustment (and one task length for the pods it had over-dispatched to be
     // placed), the queue never floods the scheduler: at most a few pods are Unschedulable.
     let settled = first_decrease + Duration::from_secs(10);
@@ -727,17 +741,29 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     let ns = namespace(&client, "estimate").await;
     // Paused while the tasks are queued, so all 300 wait from the start.
     let queue = create_queue(&client, "estimate", json!({"concurrency": 0})).await;
-    let tasks = (1..=300)
+    // A steady rate by construction: the first 30 (granted at once) run 0.5 s, 1 s, ... 15 s, every
+    // later one 15 s, so each of the 30 slots frees every 15 s (plus the cluster's overhead) half
+    // a second after the one before. The tasks' length dominates the cycle, so how busy the shared
+    // cluster is moves the rate little. A bucket is in creation order, to the second: the 30 short
+    // ones are created a second before the rest so that they are the first granted.
+    let mut tasks: Vec<AxTask> = (1..=300u64)
         .map(|i| {
             task_with(
                 &format!("e-{i:03}"),
                 &queue.name,
                 Priority::Low,
-                shared_sim_pod(2000),
+                shared_sim_pod(i.min(30) * 500),
             )
         })
         .collect();
+    let rest = tasks.split_off(30);
     create_all(&client, &ns, tasks).await;
+    wait_queue(&client, &queue.name, LONG, "30 pending", |q| {
+        q.status.as_ref().is_some_and(|s| s.pending.low == 30)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    create_all(&client, &ns, rest).await;
     wait_queue(&client, &queue.name, LONG, "300 pending", |q| {
         q.status.as_ref().is_some_and(|s| s.pending.low == 300)
     })
@@ -753,14 +779,14 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
         queued_message(&paused)
     );
 
-    patch_queue(&client, &queue.name, json!({"concurrency": 5})).await;
+    patch_queue(&client, &queue.name, json!({"concurrency": 30})).await;
     wait_queue(
         &client,
         &queue.name,
         Duration::from_secs(180),
-        "60 dispatched",
-        // Enough for the measured rate to be the steady one, not the first burst of 5 grants.
-        |q| q.status.as_ref().is_some_and(|s| s.dispatched >= 60),
+        "40 dispatched",
+        // The first 30 grants at once are not measured; the next 10 show the steady rate.
+        |q| q.status.as_ref().is_some_and(|s| s.dispatched >= 40),
     )
     .await;
     let mut estimates = Vec::new();
