@@ -114,10 +114,12 @@ phase_done "install CRDs, RBAC, operator" ok
 
 # Tests that start, kill or install operators themselves run after the shared one is stopped.
 OWN_OPERATOR=(e2e_restart e2e_writes e2e_readiness e2e_fencing_disruption e2e_cron_restart e2e_cli_restart e2e_helm)
+# Tests that need the shared operator but measure rates or capacity, run on their own beside it.
+ALONE=(e2e_capacity)
 shared=()
 for t in tests/e2e_*.rs; do
   name=$(basename "$t" .rs)
-  [[ " ${OWN_OPERATOR[*]} " == *" $name "* ]] || shared+=(--test "$name")
+  [[ " ${OWN_OPERATOR[*]} ${ALONE[*]} " == *" $name "* ]] || shared+=(--test "$name")
 done
 # nextest runs the tests of every file side by side (cargo test would run the files one after
 # another); each test has a namespace of its own.
@@ -127,6 +129,9 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   run_phase "e2e: shared operator" cargo test "${shared[@]}" -- --test-threads 16
 fi
+for name in "${ALONE[@]}"; do
+  [ -f "tests/$name.rs" ] && run_phase "e2e: ${name#e2e_} (shared operator, alone)" cargo test --test "$name" -- --test-threads 4
+done
 stop_operator
 # The image the Helm tests install: the operator as a static binary in a FROM-scratch image, built
 # in its own target dir so the debug build above stays valid.

@@ -29,6 +29,7 @@ pub const DEFAULT_QUEUE: &str = "default";
     printcolumn = r#"{"name":"Open-Circuits","type":"integer","jsonPath":".status.openCircuitCount"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Concurrency","type":"integer","jsonPath":".spec.concurrency","priority":1}"#,
+    printcolumn = r#"{"name":"Effective","type":"integer","jsonPath":".status.effectiveConcurrency","priority":1}"#,
     printcolumn = r#"{"name":"Dispatched","type":"integer","jsonPath":".status.dispatched","priority":1}"#,
     printcolumn = r#"{"name":"Dead","type":"integer","jsonPath":".status.dead","priority":1}"#
 )]
@@ -61,10 +62,17 @@ pub struct AxQueueSpec {
     #[serde(default)]
     pub circuit_breaker: CircuitBreakerSpec,
 
-    /// Wall-clock windows whose weights replace `weights`; the first window containing the time wins.
+    /// Wall-clock windows that override `weights` and, where they say so, `concurrency`,
+    /// `typeConcurrency` and `retryRatePerMinute`; the first window containing the time is in force.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 50))]
     pub weight_schedule: Vec<WeightScheduleEntry>,
+
+    /// `Fixed` (default): `concurrency` is the limit. `Adaptive`: the operator lowers the limit
+    /// while the queue's pods cannot be placed or their nodes report pressure, between `min` and
+    /// `concurrency`, and raises it again as pods are placed.
+    #[serde(default, skip_serializing_if = "QueueConcurrencyPolicy::is_default")]
+    pub concurrency_policy: QueueConcurrencyPolicy,
 }
 
 impl Default for AxQueueSpec {
@@ -77,6 +85,7 @@ impl Default for AxQueueSpec {
             retry_rate_per_minute: default_retry_rate(),
             circuit_breaker: CircuitBreakerSpec::default(),
             weight_schedule: Vec::new(),
+            concurrency_policy: QueueConcurrencyPolicy::default(),
         }
     }
 }
@@ -222,7 +231,8 @@ fn breaker_open_seconds() -> i64 {
 }
 
 /// A wall-clock window, `from` inclusive and `to` exclusive ("HH:MM", 24-hour) in `timeZone`;
-/// `from` later than `to` wraps midnight, equal covers the whole day.
+/// `from` later than `to` wraps midnight, equal covers the whole day. Inside it, each field it sets
+/// replaces the queue's own; fields it leaves out keep the queue's values.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WeightScheduleEntry {
@@ -234,7 +244,77 @@ pub struct WeightScheduleEntry {
     #[serde(default = "default_time_zone")]
     #[schemars(length(min = 1, max = 64))]
     pub time_zone: String,
-    pub weights: QueueWeights,
+    /// The bucket weights inside the window; absent: `spec.weights`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<QueueWeights>,
+    /// `spec.concurrency` inside the window (0 pauses the queue); absent: `spec.concurrency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub concurrency: Option<i32>,
+    /// Per task type, the limit inside the window; types it does not name keep
+    /// `spec.typeConcurrency`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "type_limits")]
+    pub type_concurrency: BTreeMap<String, i32>,
+    /// `spec.retryRatePerMinute` inside the window; absent: `spec.retryRatePerMinute`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub retry_rate_per_minute: Option<i32>,
+}
+
+impl Default for WeightScheduleEntry {
+    fn default() -> Self {
+        Self {
+            from: "00:00".into(),
+            to: "00:00".into(),
+            time_zone: default_time_zone(),
+            weights: None,
+            concurrency: None,
+            type_concurrency: BTreeMap::new(),
+            retry_rate_per_minute: None,
+        }
+    }
+}
+
+/// How the queue's concurrency limit is set.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueConcurrencyPolicy {
+    #[serde(default)]
+    pub mode: ConcurrencyMode,
+    /// `Adaptive` never goes below this (unless the limit in force is lower: a window's
+    /// `concurrency`, or 0 to pause, always caps it).
+    #[serde(default = "default_adaptive_min")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub min: i32,
+}
+
+impl Default for QueueConcurrencyPolicy {
+    fn default() -> Self {
+        Self {
+            mode: ConcurrencyMode::Fixed,
+            min: default_adaptive_min(),
+        }
+    }
+}
+
+impl QueueConcurrencyPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+fn default_adaptive_min() -> i32 {
+    1
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConcurrencyMode {
+    /// The limit is `concurrency` (or the window's).
+    #[default]
+    Fixed,
+    /// The limit follows what the cluster can place, up to `concurrency`.
+    Adaptive,
 }
 
 fn default_time_zone() -> String {
@@ -274,6 +354,54 @@ pub struct AxQueueStatus {
     /// The last generation the operator has seen (`InvalidSpec` says whether it is in force).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The limits in force now: the spec's, or those of the `weightSchedule` window in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<QueueLimits>,
+    /// The `weightSchedule` window in force now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_window: Option<ActiveWindow>,
+    /// Most tasks dispatched at once right now: `limits.concurrency`, or less while
+    /// `concurrencyPolicy: Adaptive` holds it lower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_concurrency: Option<i64>,
+    /// The last change of `effectiveConcurrency` made by the adaptive policy, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_concurrency_change: Option<ConcurrencyChange>,
+}
+
+/// The limits a queue applies now.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueLimits {
+    pub concurrency: i64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub type_concurrency: BTreeMap<String, i64>,
+    pub retry_rate_per_minute: i64,
+}
+
+/// Which `weightSchedule` entry is in force.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActiveWindow {
+    /// Its index in `spec.weightSchedule`.
+    pub index: i64,
+    pub from: String,
+    pub to: String,
+    pub time_zone: String,
+}
+
+/// One change of the adaptive concurrency.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConcurrencyChange {
+    #[schemars(schema_with = "super::date_time")]
+    pub time: jiff::Timestamp,
+    pub from: i64,
+    pub to: i64,
+    /// `PodsUnschedulable`, `NodePressure` (lowered) or `PodsPlaced` (raised).
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
 }
 
 /// One circuit breaker that is not closed.

@@ -15,7 +15,7 @@ use tracing::{debug, info};
 
 use super::{Ctx, TaskKey, write};
 use crate::api::TaskPhase;
-use crate::core::queue::{Held, rebuild};
+use crate::core::queue::{Held, estimate, rebuild};
 use crate::core::worker;
 
 /// How often held tasks are looked at again even when nothing woke the loop.
@@ -67,8 +67,10 @@ async fn start(ctx: &Ctx) {
 }
 
 /// Wakes the reconcile of every waiting task whose `Queued` condition does not say what holds it
-/// now; the reconcile writes the new reason. One write per task whose reason changed, never per tick.
+/// now, or whose estimated start moved meaningfully (`estimate::moved`); the reconcile writes the
+/// new condition. One write per task whose reason or estimate changed, never per tick.
 fn wake_changed_reasons(ctx: &Ctx, held: Vec<Held>) {
+    let now = Timestamp::now();
     for h in held {
         let Some(task) = ctx.tasks.get(&ObjectRef::new(&h.key.1).within(&h.key.0)) else {
             continue;
@@ -80,7 +82,9 @@ fn wake_changed_reasons(ctx: &Ctx, held: Vec<Held>) {
             continue;
         }
         let says = status.conditions.iter().find(|c| c.type_ == "Queued");
-        if says.is_none_or(|c| c.reason != h.reason.as_str()) {
+        if says.is_none_or(|c| {
+            c.reason != h.reason.as_str() || estimate::moved(&c.message, h.estimate.as_ref(), now)
+        }) {
             ctx.wake(&h.key);
         }
     }

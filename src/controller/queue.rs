@@ -1,12 +1,15 @@
 //! The AxQueues in the operator (client required): the watcher that applies spec edits to the
 //! registry at once, the loop that keeps `AxQueue.status` and the queue metrics up to date and the
-//! `default` queue in existence, and Events about queues. The decisions are in `core::queue`.
+//! `default` queue in existence, the adaptive concurrency's look at the worker pods (one pass over
+//! the pod cache per period, only while some queue is adaptive), and Events about queues. The
+//! decisions are in `core::queue`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, PostParams};
@@ -17,8 +20,8 @@ use tracing::{debug, info, warn};
 
 use super::write::{self, ApiError};
 use super::{Ctx, FIELD_MANAGER};
-use crate::api::{AxQueue, AxQueueSpec, DEFAULT_QUEUE};
-use crate::core::queue::{QueueReport, queue_status};
+use crate::api::{AxQueue, AxQueueSpec, AxTask, DEFAULT_QUEUE};
+use crate::core::queue::{QueueReport, capacity, queue_status};
 
 /// How often `AxQueue.status` and the queue metrics are brought up to date (written only when
 /// changed), and the `default` queue re-created if it went missing.
@@ -134,6 +137,7 @@ pub async fn maintain(ctx: Ctx, default_concurrency: u32) {
             create_default_queue(&ctx, default_concurrency).await;
         }
         let now = Timestamp::now();
+        adapt(&ctx, now);
         let reports = ctx.queues.lock().reports(now);
         report_metrics(&ctx, &reports);
         for report in reports.iter().filter(|r| r.exists) {
@@ -147,6 +151,59 @@ pub async fn maintain(ctx: Ctx, default_concurrency: u32) {
             {
                 debug!(queue = report.name, error = %e, "writing AxQueue status failed");
             }
+        }
+    }
+}
+
+/// One look of the adaptive concurrency: each adaptive queue's worker pods counted from the pod
+/// cache (placed, Unschedulable, on nodes under pressure) in one pass, then handed to its
+/// controller. A large change gets an Event.
+fn adapt(ctx: &Ctx, now: Timestamp) {
+    let adaptive = ctx.queues.lock().adaptive_queues();
+    if adaptive.is_empty() {
+        return;
+    }
+    let pods = ctx.pods.state();
+    // The owner reference names the task in full (the label may be a shortened name).
+    let queue_of = |pod: &k8s_openapi::api::core::v1::Pod| {
+        let owner = pod.owner_references().iter().find(|o| o.kind == "AxTask")?;
+        let namespace = pod.namespace()?;
+        let task = ctx
+            .tasks
+            .get(&ObjectRef::<AxTask>::new(&owner.name).within(&namespace))?;
+        adaptive
+            .contains(&task.spec.queue)
+            .then(|| task.spec.queue.clone())
+    };
+    let mut seen = capacity::tally(
+        pods.iter()
+            .filter_map(|pod| Some((pod.as_ref(), queue_of(pod)?))),
+        |node| {
+            ctx.nodes
+                .get(&ObjectRef::<Node>::new(node))
+                .map_or_else(Vec::new, |n| capacity::pressure(&n))
+        },
+    );
+    for name in adaptive {
+        let observation = seen.remove(&name).unwrap_or_default();
+        let Some((change, event)) = ctx.queues.lock().adapt(&name, observation, now) else {
+            continue;
+        };
+        info!(
+            queue = name,
+            from = change.from,
+            to = change.to,
+            reason = change.reason.as_str(),
+            "{}",
+            change.message
+        );
+        if event && let Some(queue) = ctx.queue_store.get(&ObjectRef::new(&name)) {
+            let (type_, reason) = if change.to < change.from {
+                ("Warning", "ConcurrencyLowered")
+            } else {
+                ("Normal", "ConcurrencyRaised")
+            };
+            publish(ctx, &queue, type_, reason, &change.to_string());
         }
     }
 }
@@ -182,6 +239,12 @@ fn report_metrics(ctx: &Ctx, reports: &[QueueReport]) {
             .iter()
             .filter(|r| r.exists)
             .map(|r| (r.name.as_str(), r.running, r.concurrency)),
+    );
+    ctx.metrics.set_queue_effective_concurrency(
+        reports
+            .iter()
+            .filter(|r| r.exists)
+            .map(|r| (r.name.as_str(), r.effective_concurrency)),
     );
     for report in reports {
         for task_type in &report.open_circuits {

@@ -140,6 +140,7 @@ pub struct Metrics {
     queue_wait: Family<QueuePriorityLabels, Histogram>,
     queue_running: SnapshotGauges<QueueLabels>,
     queue_concurrency: SnapshotGauges<QueueLabels>,
+    queue_effective_concurrency: SnapshotGauges<QueueLabels>,
     circuit_open: Family<CircuitLabels, Gauge>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
     reconcile_errors: Family<ControllerLabels, Counter>,
@@ -178,6 +179,7 @@ impl Metrics {
             queue_wait: Family::new_with_constructor(wait_histogram),
             queue_running: SnapshotGauges::new(),
             queue_concurrency: SnapshotGauges::new(),
+            queue_effective_concurrency: SnapshotGauges::new(),
             circuit_open: Family::default(),
             reconcile_duration: Family::new_with_constructor(fast_histogram),
             reconcile_errors: Family::default(),
@@ -237,6 +239,11 @@ impl Metrics {
             "ax_queue_concurrency",
             "Concurrency limit in force for each queue (0 pauses it)",
             self.queue_concurrency.family.clone(),
+        );
+        r.register(
+            "ax_queue_effective_concurrency",
+            "Concurrency the dispatcher applies now: ax_queue_concurrency, or less while concurrencyPolicy Adaptive holds the queue lower",
+            self.queue_effective_concurrency.family.clone(),
         );
         r.register(
             "ax_circuit_open",
@@ -366,6 +373,20 @@ impl Metrics {
         self.queue_concurrency.replace(concurrency);
     }
 
+    /// Replaces all of `ax_queue_effective_concurrency` with `(queue, effective concurrency)`.
+    pub fn set_queue_effective_concurrency<Q>(&self, values: impl IntoIterator<Item = (Q, u32)>)
+    where
+        Q: AsRef<str>,
+    {
+        self.queue_effective_concurrency
+            .replace(values.into_iter().map(|(queue, value)| {
+                let labels = QueueLabels {
+                    queue: queue.as_ref().to_owned(),
+                };
+                (labels, usize::try_from(value).unwrap_or(usize::MAX))
+            }));
+    }
+
     /// A task left its queue bucket after waiting `wait`.
     pub fn queue_waited(&self, queue: &str, priority: &str, wait: Duration) {
         self.queue_wait
@@ -460,6 +481,7 @@ mod tests {
         metrics.set_queue_pending([(("default", "Normal"), 1)]);
         metrics.queue_waited("default", "Normal", Duration::from_millis(5));
         metrics.set_queue_slots([("default", 3, 10)]);
+        metrics.set_queue_effective_concurrency([("default", 4)]);
         metrics.set_circuit_open("default", "resize", true);
         drop(metrics.reconcile_timer("axtask"));
         metrics.reconcile_error("axtask");
@@ -477,6 +499,7 @@ mod tests {
             ("histogram", "ax_queue_wait_seconds"),
             ("gauge", "ax_queue_running"),
             ("gauge", "ax_queue_concurrency"),
+            ("gauge", "ax_queue_effective_concurrency"),
             ("gauge", "ax_circuit_open"),
             ("histogram", "ax_reconcile_duration_seconds"),
             ("counter", "ax_reconcile_errors"),
@@ -498,6 +521,7 @@ mod tests {
             r#"ax_queue_wait_seconds_count{queue="default",priority="Normal"}"#,
             r#"ax_queue_running{queue="default"}"#,
             r#"ax_queue_concurrency{queue="default"}"#,
+            r#"ax_queue_effective_concurrency{queue="default"}"#,
             r#"ax_circuit_open{queue="default",type="resize"}"#,
             r#"ax_reconcile_duration_seconds_count{controller="axtask"}"#,
             r#"ax_reconcile_errors_total{controller="axtask"}"#,

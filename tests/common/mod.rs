@@ -10,6 +10,7 @@ pub mod helm;
 pub mod metrics;
 pub mod operator;
 pub mod sim;
+pub mod sim_pool;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -1,6 +1,8 @@
 //! ax-sim: simulated Kubernetes nodes for scale tests (the approach KWOK takes). It registers Node
 //! objects no kubelet runs, keeps them Ready, and drives the pods scheduled on them through the
-//! status subresource as their env asks (see `script.rs`).
+//! status subresource as their env asks (see `script.rs`). Each node reports the capacity and
+//! pressure conditions its annotations ask for; `--pool` makes the nodes a test's private pool
+//! (`nodes.rs`).
 
 mod nodes;
 mod pods;
@@ -35,6 +37,11 @@ struct Args {
     /// Node names are PREFIX-0 … PREFIX-(N-1).
     #[arg(long, env = "AX_SIM_PREFIX", default_value = "ax-sim")]
     prefix: String,
+    /// Register the nodes as a private pool: label and taint `ax.dev/sim-pool=POOL` instead of
+    /// `ax.dev/sim-node=true`, so only pods selecting that pool land there (a test's own nodes).
+    /// Only pods labelled `ax.dev/sim-pool=POOL` are driven (and watched).
+    #[arg(long, env = "AX_SIM_POOL")]
+    pool: Option<String>,
     /// Most API writes in flight at once.
     #[arg(long, env = "AX_SIM_API_CONCURRENCY", default_value_t = 32)]
     api_concurrency: usize,
@@ -129,7 +136,15 @@ async fn run(args: Args) -> Result<(), SimError> {
             }
         };
         let names = nodes::node_names(&args.prefix, args.nodes);
-        let sim_nodes = SimNodes::new(client.clone(), writer.clone(), names, kubelet_version);
+        let marker = nodes::Marker::for_pool(args.pool.as_deref());
+        let pod_selector = args.pool.is_some().then(|| marker.selector());
+        let sim_nodes = SimNodes::new(
+            client.clone(),
+            writer.clone(),
+            names,
+            marker,
+            kubelet_version,
+        );
         register_until_done(&sim_nodes).await;
         tracing::info!(
             nodes = args.nodes,
@@ -137,9 +152,16 @@ async fn run(args: Args) -> Result<(), SimError> {
             "sim nodes ready; driving their pods"
         );
         let counters = Arc::new(Counters::default());
-        let driver = PodDriver::new(client.clone(), writer, sim_nodes.names(), counters.clone());
+        let driver = PodDriver::new(
+            client.clone(),
+            writer,
+            sim_nodes.names(),
+            pod_selector,
+            counters.clone(),
+        );
         tokio::join!(
             sim_nodes.keep_alive(),
+            sim_nodes.watch(),
             driver.run(),
             report_progress(counters)
         );

@@ -1,22 +1,130 @@
 //! Registers the simulated Node objects and keeps them alive the way a kubelet does: a Lease renewed
 //! every 10 s and the Ready condition's heartbeat every 20 s (the node lifecycle controller marks a
 //! node unreachable after 40 s without either and evicts its pods).
+//!
+//! Nodes carry the label and NoSchedule taint `ax.dev/sim-node=true`, so only pods that select and
+//! tolerate them land there; with `--pool NAME` they carry `ax.dev/sim-pool=NAME` instead: a
+//! private pool that a test starts its own simulator for, which no other pod selects.
+//!
+//! Each node reports the capacity and pressure conditions its annotations ask for, re-read on every
+//! change of the Node: `ax.dev/sim-capacity: "pods=10,cpu=4,memory=8Gi"` (any subset; the rest
+//! stays at the large default) and `ax.dev/sim-pressure: "MemoryPressure"` (a comma-separated
+//! subset of MemoryPressure, DiskPressure, PIDPressure; empty or absent: none).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::join_all;
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::writer::{ApiWriter, WriteError};
 
-pub use ax_sim::worker::{SIM_NODE_LABEL, SIM_NODE_TAINT_KEY};
+pub use ax_sim::worker::SIM_NODE_LABEL;
+#[cfg(test)]
+use ax_sim::worker::SIM_NODE_TAINT_KEY;
+/// Label and taint key of the nodes of a private pool (`--pool`).
+pub const SIM_POOL_LABEL: &str = "ax.dev/sim-pool";
+pub const CAPACITY_ANNOTATION: &str = "ax.dev/sim-capacity";
+pub const PRESSURE_ANNOTATION: &str = "ax.dev/sim-pressure";
+const PRESSURE_CONDITIONS: [&str; 3] = ["MemoryPressure", "DiskPressure", "PIDPressure"];
+
+/// The label (and taint) that marks this simulator's nodes: `ax.dev/sim-node=true`, or
+/// `ax.dev/sim-pool=NAME` for a private pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    pub key: &'static str,
+    pub value: String,
+}
+
+impl Marker {
+    pub fn for_pool(pool: Option<&str>) -> Self {
+        match pool {
+            Some(pool) => Self {
+                key: SIM_POOL_LABEL,
+                value: pool.to_owned(),
+            },
+            None => Self {
+                key: SIM_NODE_LABEL,
+                value: "true".to_owned(),
+            },
+        }
+    }
+
+    pub fn selector(&self) -> String {
+        format!("{}={}", self.key, self.value)
+    }
+}
+
+/// What a node reports: its capacity (also its allocatable, which the scheduler places by) and the
+/// pressure conditions that are True.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSettings {
+    pub pods: String,
+    pub cpu: String,
+    pub memory: String,
+    pub pressure: Vec<&'static str>,
+}
+
+impl Default for NodeSettings {
+    /// A capacity no test exhausts, no pressure.
+    fn default() -> Self {
+        Self {
+            pods: "10000".into(),
+            cpu: "1000".into(),
+            memory: "4Ti".into(),
+            pressure: Vec::new(),
+        }
+    }
+}
+
+/// Whether `value` looks like a Kubernetes quantity ("10", "500m", "8Gi", "1.5").
+fn is_quantity(value: &str) -> bool {
+    !value.is_empty()
+        && value.starts_with(|c: char| c.is_ascii_digit())
+        && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
+}
+
+/// The settings a node's annotations ask for, and the parts that could not be read (ignored).
+pub fn settings_of(node: &Node) -> (NodeSettings, Vec<String>) {
+    let annotations = node.annotations();
+    let mut settings = NodeSettings::default();
+    let mut ignored = Vec::new();
+    if let Some(capacity) = annotations.get(CAPACITY_ANNOTATION) {
+        for part in capacity.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let slot = match part.split_once('=') {
+                Some(("pods", v)) if is_quantity(v) => Some((&mut settings.pods, v)),
+                Some(("cpu", v)) if is_quantity(v) => Some((&mut settings.cpu, v)),
+                Some(("memory", v)) if is_quantity(v) => Some((&mut settings.memory, v)),
+                _ => None,
+            };
+            match slot {
+                Some((field, value)) => *field = value.to_owned(),
+                None => ignored.push(format!("{CAPACITY_ANNOTATION}: {part}")),
+            }
+        }
+    }
+    if let Some(pressure) = annotations.get(PRESSURE_ANNOTATION) {
+        for part in pressure.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match PRESSURE_CONDITIONS.iter().find(|c| **c == part) {
+                Some(condition) if !settings.pressure.contains(condition) => {
+                    settings.pressure.push(condition)
+                }
+                Some(_) => {}
+                None => ignored.push(format!("{PRESSURE_ANNOTATION}: {part}")),
+            }
+        }
+    }
+    (settings, ignored)
+}
 const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 const LEASE_DURATION_SECONDS: i32 = 40;
 pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(10);
@@ -29,18 +137,18 @@ pub fn node_names(prefix: &str, count: usize) -> Vec<String> {
         .collect()
 }
 
-fn sim_taint() -> Taint {
+fn sim_taint(marker: &Marker) -> Taint {
     Taint {
-        key: SIM_NODE_TAINT_KEY.into(),
-        value: Some("true".into()),
+        key: marker.key.into(),
+        value: Some(marker.value.clone()),
         effect: "NoSchedule".into(),
         time_added: None,
     }
 }
 
-fn sim_labels(name: &str) -> BTreeMap<String, String> {
+fn sim_labels(name: &str, marker: &Marker) -> BTreeMap<String, String> {
     [
-        (SIM_NODE_LABEL, "true"),
+        (marker.key, marker.value.as_str()),
         ("type", "sim"),
         ("kubernetes.io/hostname", name),
         ("kubernetes.io/os", "linux"),
@@ -53,9 +161,9 @@ fn sim_labels(name: &str) -> BTreeMap<String, String> {
 
 /// The patch that brings an existing node's labels and taints to what the simulator needs, keeping
 /// taints others added; `None` if nothing is missing.
-pub fn node_metadata_patch(node: &Node) -> Option<Value> {
+pub fn node_metadata_patch(node: &Node, marker: &Marker) -> Option<Value> {
     let name = node.metadata.name.as_deref().unwrap_or_default();
-    let wanted = sim_labels(name);
+    let wanted = sim_labels(name, marker);
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let missing_labels: BTreeMap<&String, &String> = wanted
         .iter()
@@ -66,7 +174,7 @@ pub fn node_metadata_patch(node: &Node) -> Option<Value> {
         .as_ref()
         .and_then(|spec| spec.taints.clone())
         .unwrap_or_default();
-    let taint = sim_taint();
+    let taint = sim_taint(marker);
     let has_taint = taints.iter().any(|existing| {
         existing.key == taint.key
             && existing.effect == taint.effect
@@ -87,28 +195,49 @@ pub fn node_metadata_patch(node: &Node) -> Option<Value> {
     Some(patch)
 }
 
-/// Node status: Ready with a fresh heartbeat and a capacity no test will exhaust.
+/// Node status: Ready with a fresh heartbeat, the capacity `settings` ask for (as allocatable too)
+/// and their pressure conditions (changed at `settings_since`).
 pub fn node_status(
     name: &str,
     now: Timestamp,
     ready_since: Timestamp,
     kubelet_version: &str,
+    settings: &NodeSettings,
+    settings_since: Timestamp,
 ) -> Value {
     let resources = json!({
-        "cpu": "1000",
-        "memory": "4Ti",
-        "pods": "10000",
+        "cpu": settings.cpu,
+        "memory": settings.memory,
+        "pods": settings.pods,
         "ephemeral-storage": "10Ti",
     });
+    let pressed = |type_: &str| settings.pressure.contains(&type_);
     let condition = |type_: &str, status: &str, reason: &str, message: &str| {
+        let since = if type_ == "Ready" {
+            ready_since
+        } else {
+            settings_since.max(ready_since)
+        };
         json!({
             "type": type_,
             "status": status,
             "reason": reason,
             "message": message,
             "lastHeartbeatTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
-            "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ready_since),
+            "lastTransitionTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since),
         })
+    };
+    let pressure = |type_: &str, calm: &str, pressed_reason: &str| {
+        if pressed(type_) {
+            condition(
+                type_,
+                "True",
+                pressed_reason,
+                &format!("simulated {type_} ({PRESSURE_ANNOTATION})"),
+            )
+        } else {
+            condition(type_, "False", calm, "simulated node")
+        }
     };
     json!({
         "status": {
@@ -116,9 +245,9 @@ pub fn node_status(
             "allocatable": resources,
             "phase": "Running",
             "conditions": [
-                condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "simulated node"),
-                condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "simulated node"),
-                condition("PIDPressure", "False", "KubeletHasSufficientPID", "simulated node"),
+                pressure("MemoryPressure", "KubeletHasSufficientMemory", "KubeletHasInsufficientMemory"),
+                pressure("DiskPressure", "KubeletHasNoDiskPressure", "KubeletHasDiskPressure"),
+                pressure("PIDPressure", "KubeletHasSufficientPID", "KubeletHasInsufficientPID"),
                 condition("Ready", "True", "KubeletReady", "ax-sim is posting ready status"),
             ],
             "addresses": [
@@ -178,15 +307,24 @@ pub enum NodeError {
     NoUid { node: String },
 }
 
+/// What the simulator keeps per node.
+#[derive(Debug, Clone)]
+struct NodeState {
+    /// For the Lease owner reference; refreshed when the node is re-created.
+    uid: Option<String>,
+    settings: NodeSettings,
+    settings_since: Timestamp,
+}
+
 pub struct SimNodes {
     nodes: Api<Node>,
     leases: Api<Lease>,
     writer: ApiWriter,
     names: Vec<String>,
+    marker: Marker,
     kubelet_version: String,
     ready_since: Timestamp,
-    /// Node name → uid, for the Lease owner reference; refreshed when a node is re-created.
-    uids: Mutex<HashMap<String, String>>,
+    state: Mutex<HashMap<String, NodeState>>,
 }
 
 impl SimNodes {
@@ -194,16 +332,30 @@ impl SimNodes {
         client: Client,
         writer: ApiWriter,
         names: Vec<String>,
+        marker: Marker,
         kubelet_version: String,
     ) -> Self {
+        let ready_since = Timestamp::now();
+        let state = names
+            .iter()
+            .map(|name| {
+                let fresh = NodeState {
+                    uid: None,
+                    settings: NodeSettings::default(),
+                    settings_since: ready_since,
+                };
+                (name.clone(), fresh)
+            })
+            .collect();
         Self {
             nodes: Api::all(client.clone()),
             leases: Api::namespaced(client, NODE_LEASE_NAMESPACE),
             writer,
             names,
+            marker,
             kubelet_version,
-            ready_since: Timestamp::now(),
-            uids: Mutex::new(HashMap::new()),
+            ready_since,
+            state: Mutex::new(state),
         }
     }
 
@@ -217,6 +369,57 @@ impl SimNodes {
             result?;
         }
         Ok(())
+    }
+
+    /// Follows this simulator's Nodes: a changed capacity or pressure annotation is reported at
+    /// once, not only with the next heartbeat.
+    pub async fn watch(&self) {
+        let config = watcher::Config::default().labels(&self.marker.selector());
+        let mut events = watcher::watcher(self.nodes.clone(), config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(node) => self.on_node(&node).await,
+                Err(error) => tracing::warn!(%error, "node watch failed; retrying"),
+            }
+        }
+        tracing::error!("node watch stream ended");
+    }
+
+    async fn on_node(&self, node: &Node) {
+        let name = node.name_any();
+        let (settings, ignored) = settings_of(node);
+        let changed = {
+            let mut state = self.state.lock().await;
+            match state.get_mut(&name) {
+                Some(known) if known.settings != settings => {
+                    known.settings = settings.clone();
+                    known.settings_since = Timestamp::now();
+                    true
+                }
+                _ => false,
+            }
+        };
+        if !changed {
+            return;
+        }
+        if !ignored.is_empty() {
+            tracing::warn!(
+                node = name,
+                ?ignored,
+                "unreadable sim node annotations, ignored"
+            );
+        }
+        match self.heartbeat(&name).await {
+            Ok(()) => tracing::info!(
+                node = name,
+                ?settings,
+                "sim node capacity or pressure changed"
+            ),
+            Err(error) => tracing::warn!(node = name, %error, "sim node status write failed"),
+        }
     }
 
     async fn register(&self, name: &str) -> Result<(), NodeError> {
@@ -234,9 +437,9 @@ impl SimNodes {
             None => {
                 let mut node = Node::default();
                 node.metadata.name = Some(name.to_owned());
-                node.metadata.labels = Some(sim_labels(name));
+                node.metadata.labels = Some(sim_labels(name, &self.marker));
                 node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-                    taints: Some(vec![sim_taint()]),
+                    taints: Some(vec![sim_taint(&self.marker)]),
                     ..Default::default()
                 });
                 let created = self
@@ -257,7 +460,7 @@ impl SimNodes {
                     Err(error) => return Err(write_error(error)),
                 }
             }
-            Some(node) => match node_metadata_patch(&node).map(Patch::Merge) {
+            Some(node) => match node_metadata_patch(&node, &self.marker).map(Patch::Merge) {
                 None => node,
                 Some(patch) => self
                     .writer
@@ -271,7 +474,18 @@ impl SimNodes {
         let uid = node.metadata.uid.clone().ok_or_else(|| NodeError::NoUid {
             node: name.to_owned(),
         })?;
-        self.uids.lock().await.insert(name.to_owned(), uid);
+        let (settings, _) = settings_of(&node);
+        {
+            let mut state = self.state.lock().await;
+            let Some(entry) = state.get_mut(name) else {
+                return Ok(());
+            };
+            entry.uid = Some(uid);
+            if entry.settings != settings {
+                entry.settings = settings;
+                entry.settings_since = Timestamp::now();
+            }
+        }
         self.heartbeat(name).await?;
         self.renew_lease(name).await?;
         tracing::info!(node = name, "sim node registered and Ready");
@@ -279,11 +493,16 @@ impl SimNodes {
     }
 
     async fn heartbeat(&self, name: &str) -> Result<(), NodeError> {
+        let Some(node) = self.state.lock().await.get(name).cloned() else {
+            return Ok(());
+        };
         let status = Patch::Merge(node_status(
             name,
             Timestamp::now(),
             self.ready_since,
             &self.kubelet_version,
+            &node.settings,
+            node.settings_since,
         ));
         let params = PatchParams::default();
         self.writer
@@ -299,7 +518,13 @@ impl SimNodes {
     }
 
     async fn renew_lease(&self, name: &str) -> Result<(), NodeError> {
-        let Some(uid) = self.uids.lock().await.get(name).cloned() else {
+        let uid = self
+            .state
+            .lock()
+            .await
+            .get(name)
+            .and_then(|node| node.uid.clone());
+        let Some(uid) = uid else {
             return Err(NodeError::NoUid {
                 node: name.to_owned(),
             });
@@ -388,7 +613,14 @@ mod tests {
 
     #[test]
     fn status_is_ready_with_large_capacity() {
-        let status = node_status("ax-sim-0", ts(), ts(), "v1.20.2");
+        let status = node_status(
+            "ax-sim-0",
+            ts(),
+            ts(),
+            "v1.20.2",
+            &NodeSettings::default(),
+            ts(),
+        );
         assert_eq!(status["status"]["capacity"]["cpu"], "1000");
         assert_eq!(status["status"]["allocatable"]["memory"], "4Ti");
         assert_eq!(status["status"]["allocatable"]["pods"], "10000");
@@ -429,7 +661,8 @@ mod tests {
             "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]}
         }))
         .expect("a Node");
-        let patch = node_metadata_patch(&node).expect("a patch");
+        let shared = Marker::for_pool(None);
+        let patch = node_metadata_patch(&node, &shared).expect("a patch");
         assert_eq!(patch["metadata"]["labels"][SIM_NODE_LABEL], "true");
         assert_eq!(patch["metadata"]["labels"]["type"], "sim");
         assert!(patch["metadata"]["labels"].get("extra").is_none());
@@ -439,11 +672,77 @@ mod tests {
         assert_eq!(taints[1]["effect"], "NoSchedule");
 
         let mut complete = node.clone();
-        complete.metadata.labels = Some(sim_labels("ax-sim-0"));
+        complete.metadata.labels = Some(sim_labels("ax-sim-0", &shared));
         complete.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-            taints: Some(vec![sim_taint()]),
+            taints: Some(vec![sim_taint(&shared)]),
             ..Default::default()
         });
-        assert_eq!(node_metadata_patch(&complete), None);
+        assert_eq!(node_metadata_patch(&complete, &shared), None);
+        // A pool node is marked with its pool, not as a shared sim node.
+        let pool = Marker::for_pool(Some("cap-1"));
+        let patch = node_metadata_patch(&complete, &pool).expect("a patch");
+        assert_eq!(patch["metadata"]["labels"][SIM_POOL_LABEL], "cap-1");
+        let taints = patch["spec"]["taints"].as_array().expect("taints");
+        assert!(
+            taints
+                .iter()
+                .any(|t| t["key"] == SIM_POOL_LABEL && t["value"] == "cap-1")
+        );
+    }
+
+    fn annotated(annotations: Value) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": "n", "annotations": annotations}}))
+            .expect("a Node")
+    }
+
+    #[test]
+    fn annotations_set_capacity_and_pressure_and_bad_parts_are_ignored() {
+        let node = annotated(json!({
+            CAPACITY_ANNOTATION: "pods=5, memory=8Gi,cpu=-1,disk=3",
+            PRESSURE_ANNOTATION: "MemoryPressure,Hunger,MemoryPressure",
+        }));
+        let (settings, ignored) = settings_of(&node);
+        assert_eq!(settings.pods, "5");
+        assert_eq!(settings.memory, "8Gi");
+        assert_eq!(
+            settings.cpu, "1000",
+            "an unreadable value keeps the default"
+        );
+        assert_eq!(settings.pressure, ["MemoryPressure"]);
+        assert_eq!(ignored.len(), 3, "{ignored:?}");
+        let (plain, ignored) = settings_of(&annotated(json!({})));
+        assert_eq!(plain, NodeSettings::default());
+        assert!(ignored.is_empty());
+    }
+
+    #[test]
+    fn status_reports_the_capacity_and_pressure_it_is_told() {
+        let settings = NodeSettings {
+            pods: "5".into(),
+            pressure: vec!["DiskPressure"],
+            ..NodeSettings::default()
+        };
+        let later = Timestamp::from_second(1_800_000_100).expect("valid timestamp");
+        let status = node_status("n", later, ts(), "v1.20.2", &settings, later);
+        assert_eq!(status["status"]["capacity"]["pods"], "5");
+        assert_eq!(status["status"]["allocatable"]["pods"], "5");
+        let conditions = status["status"]["conditions"]
+            .as_array()
+            .expect("conditions");
+        let find = |type_: &str| {
+            conditions
+                .iter()
+                .find(|c| c["type"] == type_)
+                .expect("condition")
+        };
+        assert_eq!(find("DiskPressure")["status"], "True");
+        assert_eq!(find("DiskPressure")["reason"], "KubeletHasDiskPressure");
+        assert_eq!(
+            find("DiskPressure")["lastTransitionTime"],
+            "2027-01-15T08:01:40Z"
+        );
+        assert_eq!(find("MemoryPressure")["status"], "False");
+        assert_eq!(find("Ready")["lastTransitionTime"], "2027-01-15T08:00:00Z");
+        serde_json::from_value::<Node>(status).expect("a Node");
     }
 }

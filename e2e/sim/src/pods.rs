@@ -64,6 +64,9 @@ impl Tracked {
 pub struct PodDriver {
     shared: Arc<Shared>,
     nodes: HashSet<String>,
+    /// Only pods with this label (`key=value`) are watched: a private pool's, so that its
+    /// simulator does not list every scheduled pod of the cluster.
+    pod_selector: Option<String>,
     tracked: HashMap<String, Tracked>,
     /// UIDs seen during a (re-)list, to forget pods deleted while the watch was down.
     relisted: HashSet<String>,
@@ -74,6 +77,7 @@ impl PodDriver {
         client: Client,
         writer: ApiWriter,
         nodes: &[String],
+        pod_selector: Option<String>,
         counters: Arc<Counters>,
     ) -> Self {
         Self {
@@ -83,6 +87,7 @@ impl PodDriver {
                 counters,
             }),
             nodes: nodes.iter().cloned().collect(),
+            pod_selector,
             tracked: HashMap::new(),
             relisted: HashSet::new(),
         }
@@ -92,7 +97,10 @@ impl PodDriver {
     pub async fn run(mut self) {
         let all_pods: Api<Pod> = Api::all(self.shared.client.clone());
         // Only scheduled pods matter; the server filters out the (possibly many) pending ones.
-        let config = watcher::Config::default().fields("spec.nodeName!=");
+        let mut config = watcher::Config::default().fields("spec.nodeName!=");
+        if let Some(selector) = &self.pod_selector {
+            config = config.labels(selector);
+        }
         let mut events = watcher::watcher(all_pods, config).default_backoff().boxed();
         while let Some(event) = events.next().await {
             match event {

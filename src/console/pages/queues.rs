@@ -148,7 +148,8 @@ fn queue(q: &AxQueue, tasks: &[&AxTask], tasks_scope: &str, now: Timestamp) -> M
                             tr class=(if active_window == Some(i) { "active-window" } else { "" }) {
                                 td { @if active_window == Some(i) { span.badge.phase-Running { "now" } } }
                                 td { (w.from) } td { (w.to) } td { (w.time_zone) }
-                                td { (w.weights.critical) "/" (w.weights.high) "/" (w.weights.normal) "/" (w.weights.low) }
+                                @let ww = w.weights.as_ref().unwrap_or(&spec.weights);
+                                td { (ww.critical) "/" (ww.high) "/" (ww.normal) "/" (ww.low) }
                             }
                         }
                         tr class=(if active_window.is_none() { "active-window" } else { "" }) {

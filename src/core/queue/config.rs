@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use jiff::SignedDuration;
 
 use super::breaker::BreakerConfig;
-use super::weights::{WeightWindow, Weights};
-use crate::api::{AxQueueSpec, Priority, QueueWeights};
+use super::weights::{WeightWindow, Weights, WindowLimits, window_in_force};
+use crate::api::{AxQueueSpec, ConcurrencyMode, Priority, QueueWeights};
 
 /// How long the next task of a bucket may wait before it goes ahead of the weights; `None` = no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +54,72 @@ pub struct QueueConfig {
     pub retry_rate_per_minute: u32,
     pub circuit_breaker: BreakerConfig,
     pub weight_schedule: Vec<WeightWindow>,
+    /// `concurrencyPolicy: Adaptive`, with its minimum; `None`: the limit is fixed.
+    pub adaptive_min: Option<u32>,
+}
+
+/// The limits a queue applies at one instant: its own, or those the window in force overrides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsInForce {
+    /// Index of the `weightSchedule` window in force, if any.
+    pub window: Option<usize>,
+    pub concurrency: u32,
+    /// Every type with a limit: the queue's own, overridden by the window's.
+    pub type_concurrency: BTreeMap<String, u32>,
+    pub retry_rate_per_minute: u32,
+}
+
+impl QueueConfig {
+    /// The limits in force while `window` (an index into `weight_schedule`, or none) is in force.
+    pub fn limits_in(&self, window: Option<usize>) -> LimitsInForce {
+        let overrides = window
+            .and_then(|index| self.weight_schedule.get(index))
+            .map(WeightWindow::limits);
+        let mut type_concurrency = self.type_concurrency.clone();
+        if let Some(limits) = overrides {
+            type_concurrency.extend(limits.type_concurrency.iter().map(|(k, v)| (k.clone(), *v)));
+        }
+        LimitsInForce {
+            window: window.filter(|index| *index < self.weight_schedule.len()),
+            concurrency: overrides
+                .and_then(|l| l.concurrency)
+                .unwrap_or(self.concurrency),
+            type_concurrency,
+            retry_rate_per_minute: overrides
+                .and_then(|l| l.retry_rate_per_minute)
+                .unwrap_or(self.retry_rate_per_minute),
+        }
+    }
+
+    /// The limits in force at `now`.
+    pub fn limits_at(&self, now: jiff::Timestamp) -> LimitsInForce {
+        self.limits_in(window_in_force(&self.weight_schedule, now))
+    }
+
+    /// The concurrency limit while `window` is in force (no map built, for the dispatch path).
+    pub fn concurrency_in(&self, window: Option<usize>) -> u32 {
+        window
+            .and_then(|index| self.weight_schedule.get(index))
+            .and_then(|w| w.limits().concurrency)
+            .unwrap_or(self.concurrency)
+    }
+
+    /// The limit of `task_type` while `window` is in force, if it has one.
+    pub fn type_limit_in(&self, window: Option<usize>, task_type: &str) -> Option<u32> {
+        window
+            .and_then(|index| self.weight_schedule.get(index))
+            .and_then(|w| w.limits().type_concurrency.get(task_type))
+            .or_else(|| self.type_concurrency.get(task_type))
+            .copied()
+    }
+
+    /// The retry rate while `window` is in force.
+    pub fn retry_rate_in(&self, window: Option<usize>) -> u32 {
+        window
+            .and_then(|index| self.weight_schedule.get(index))
+            .and_then(|w| w.limits().retry_rate_per_minute)
+            .unwrap_or(self.retry_rate_per_minute)
+    }
 }
 
 impl Default for QueueConfig {
@@ -66,6 +132,7 @@ impl Default for QueueConfig {
             retry_rate_per_minute: 1000,
             circuit_breaker: BreakerConfig::default(),
             weight_schedule: Vec::new(),
+            adaptive_min: None,
         }
     }
 }
@@ -85,6 +152,8 @@ pub enum QueueSpecError {
     Window { field: String, message: String },
     #[error("{0} are all 0 and no maxWaitSeconds is set: nothing would ever be dispatched")]
     NothingDispatched(String),
+    #[error("spec.concurrencyPolicy.min ({0}) must be at least 1")]
+    AdaptiveMin(i32),
 }
 
 /// The dispatcher configuration of a queue spec, or why the spec cannot be applied.
@@ -129,12 +198,40 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
     let mut weight_schedule = Vec::with_capacity(spec.weight_schedule.len());
     for (i, entry) in spec.weight_schedule.iter().enumerate() {
         let field = format!("spec.weightSchedule[{i}]");
-        let window_weights = weights_of(&entry.weights, &format!("{field}.weights"))?;
-        let window = WeightWindow::parse(&entry.from, &entry.to, &entry.time_zone, window_weights)
-            .map_err(|e| QueueSpecError::Window {
-                field,
-                message: e.to_string(),
-            })?;
+        let window_weights = entry
+            .weights
+            .as_ref()
+            .map(|w| weights_of(w, &format!("{field}.weights")))
+            .transpose()?;
+        let limits = WindowLimits {
+            concurrency: entry
+                .concurrency
+                .map(|c| non_negative(c, &format!("{field}.concurrency")))
+                .transpose()?,
+            type_concurrency: entry
+                .type_concurrency
+                .iter()
+                .map(|(task_type, limit)| {
+                    non_negative(*limit, &format!("{field}.typeConcurrency[{task_type}]"))
+                        .map(|limit| (task_type.clone(), limit))
+                })
+                .collect::<Result<BTreeMap<_, _>, _>>()?,
+            retry_rate_per_minute: entry
+                .retry_rate_per_minute
+                .map(|r| non_negative(r, &format!("{field}.retryRatePerMinute")))
+                .transpose()?,
+        };
+        let window = WeightWindow::parse_with(
+            &entry.from,
+            &entry.to,
+            &entry.time_zone,
+            window_weights,
+            limits,
+        )
+        .map_err(|e| QueueSpecError::Window {
+            field,
+            message: e.to_string(),
+        })?;
         weight_schedule.push(window);
     }
     let any_max_wait = Priority::ALL
@@ -142,10 +239,9 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
         .any(|priority| max_wait.of(*priority).is_some());
     if !any_max_wait {
         let stalled = std::iter::once(("spec.weights".to_string(), &weights)).chain(
-            weight_schedule
-                .iter()
-                .enumerate()
-                .map(|(i, w)| (format!("spec.weightSchedule[{i}].weights"), w.weights())),
+            weight_schedule.iter().enumerate().filter_map(|(i, w)| {
+                Some((format!("spec.weightSchedule[{i}].weights"), w.weights()?))
+            }),
         );
         for (field, w) in stalled {
             if Priority::ALL.iter().all(|priority| w.of(*priority) == 0) {
@@ -153,6 +249,14 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
             }
         }
     }
+    let policy = &spec.concurrency_policy;
+    let adaptive_min = match policy.mode {
+        ConcurrencyMode::Fixed => None,
+        ConcurrencyMode::Adaptive if policy.min < 1 => {
+            return Err(QueueSpecError::AdaptiveMin(policy.min));
+        }
+        ConcurrencyMode::Adaptive => Some(non_negative(policy.min, "spec.concurrencyPolicy.min")?),
+    };
     Ok(QueueConfig {
         weights,
         max_wait,
@@ -161,6 +265,7 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
         retry_rate_per_minute,
         circuit_breaker,
         weight_schedule,
+        adaptive_min,
     })
 }
 
@@ -183,7 +288,9 @@ fn non_negative(value: i32, field: &str) -> Result<u32, QueueSpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{CircuitBreakerSpec, MaxWaitSeconds, WeightScheduleEntry};
+    use crate::api::{
+        CircuitBreakerSpec, MaxWaitSeconds, QueueConcurrencyPolicy, WeightScheduleEntry,
+    };
 
     #[test]
     fn spec_defaults_match_the_design() {
@@ -214,7 +321,8 @@ mod tests {
             from: from.into(),
             to: to.into(),
             time_zone: tz.into(),
-            weights: QueueWeights::default(),
+            weights: Some(QueueWeights::default()),
+            ..WeightScheduleEntry::default()
         };
         let cases = [
             (
@@ -269,6 +377,36 @@ mod tests {
                 },
                 "spec.typeConcurrency[resize]",
             ),
+            (
+                AxQueueSpec {
+                    weight_schedule: vec![WeightScheduleEntry {
+                        type_concurrency: [("resize".to_string(), -2)].into(),
+                        ..WeightScheduleEntry::default()
+                    }],
+                    ..AxQueueSpec::default()
+                },
+                "spec.weightSchedule[0].typeConcurrency[resize]",
+            ),
+            (
+                AxQueueSpec {
+                    weight_schedule: vec![WeightScheduleEntry {
+                        concurrency: Some(-1),
+                        ..WeightScheduleEntry::default()
+                    }],
+                    ..AxQueueSpec::default()
+                },
+                "spec.weightSchedule[0].concurrency",
+            ),
+            (
+                AxQueueSpec {
+                    concurrency_policy: QueueConcurrencyPolicy {
+                        mode: ConcurrencyMode::Adaptive,
+                        min: 0,
+                    },
+                    ..AxQueueSpec::default()
+                },
+                "spec.concurrencyPolicy.min",
+            ),
         ];
         for (spec, field) in cases {
             let problem = queue_config(&spec).expect_err("invalid").to_string();
@@ -285,5 +423,75 @@ mod tests {
             ..AxQueueSpec::default()
         };
         assert!(queue_config(&only_max_wait).is_ok());
+    }
+
+    #[test]
+    fn a_window_overrides_the_limits_it_names_and_keeps_the_others() {
+        let spec: AxQueueSpec = serde_json::from_value(serde_json::json!({
+            "concurrency": 10,
+            "typeConcurrency": {"report": 3, "resize": 4},
+            "retryRatePerMinute": 60,
+            "weightSchedule": [
+                {"from": "09:00", "to": "17:00", "timeZone": "Europe/Berlin",
+                 "concurrency": 2, "typeConcurrency": {"report": 1}},
+                {"from": "22:00", "to": "06:00", "weights": {"low": 8}, "retryRatePerMinute": 5},
+            ],
+            "concurrencyPolicy": {"mode": "Adaptive", "min": 2},
+        }))
+        .expect("a spec");
+        let config = queue_config(&spec).expect("valid");
+        assert_eq!(config.adaptive_min, Some(2));
+        // 10:00 in Berlin (summer, +02:00).
+        let day: jiff::Timestamp = "2026-07-01T08:00:00Z".parse().expect("timestamp");
+        let limits = config.limits_at(day);
+        assert_eq!(limits.window, Some(0));
+        assert_eq!(limits.concurrency, 2);
+        assert_eq!(
+            limits.type_concurrency,
+            [("report".to_string(), 1), ("resize".to_string(), 4)].into()
+        );
+        assert_eq!(limits.retry_rate_per_minute, 60);
+        assert_eq!(config.type_limit_in(Some(0), "resize"), Some(4));
+        assert_eq!(config.type_limit_in(Some(0), "other"), None);
+        // The second window keeps the queue's concurrency and weights its own.
+        let night: jiff::Timestamp = "2026-07-01T23:00:00Z".parse().expect("timestamp");
+        let limits = config.limits_at(night);
+        assert_eq!(
+            (
+                limits.window,
+                limits.concurrency,
+                limits.retry_rate_per_minute
+            ),
+            (Some(1), 10, 5)
+        );
+        let outside: jiff::Timestamp = "2026-07-01T18:00:00Z".parse().expect("timestamp");
+        assert_eq!(config.limits_at(outside).window, None);
+        assert_eq!(config.limits_at(outside).concurrency, 10);
+    }
+
+    #[test]
+    fn the_queue_examples_apply_or_fail_as_they_say() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("examples/") {
+            let path = entry.expect("an entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            if !name.starts_with("queue-") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("readable");
+            let queue: crate::api::AxQueue = serde_yaml::from_str(&text).expect("an AxQueue");
+            let applied = queue_config(&queue.spec);
+            assert_eq!(
+                applied.is_ok(),
+                !name.contains("invalid"),
+                "{name}: {applied:?}"
+            );
+            seen += 1;
+        }
+        assert!(seen >= 3, "queue examples found: {seen}");
     }
 }

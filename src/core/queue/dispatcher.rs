@@ -15,16 +15,27 @@
 //! have a dispatchable task and a weight above 0. Weights come from the first `weight_schedule` window
 //! containing the instant, else from `weights`. An overdue dispatch leaves the round robin state alone,
 //! so the weighted shares of the other dispatches are unchanged.
+//!
+//! Limits: the window in force may override the queue's concurrency, type limits and retry rate;
+//! `next` applies a change of window before it chooses. An adaptive limit set from outside
+//! (`set_adaptive_limit`, see `adaptive`) caps the concurrency further.
+//!
+//! Estimates: each bucket measures its dispatch rate (`estimate::DispatchRate`) and counts its
+//! dispatches; a pending task keeps its rank as "the bucket's dispatch count when it is expected to
+//! go", so its position is one subtraction. `refresh_positions` recomputes every rank in one ordered
+//! pass per bucket (k-way merge of its lanes), for the periodic refresh.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::hash::Hash;
 
 use jiff::Timestamp;
 
 use super::breaker::{Breaker, BreakerState, Verdict};
 use super::config::QueueConfig;
+use super::estimate::{self, DispatchRate, Estimate};
 use super::token_bucket::TokenBucket;
-use super::weights::{Weights, effective_weights};
+use super::weights::{Weights, effective_weights, window_in_force};
 use crate::api::Priority;
 
 /// A task waiting to be dispatched.
@@ -52,6 +63,8 @@ pub enum Outcome {
 pub enum HeldReason {
     /// The queue's `concurrency` is used up.
     ConcurrencyLimit,
+    /// `concurrencyPolicy: Adaptive` holds the queue below its `concurrency`, and that is used up.
+    AdaptiveLimit,
     /// The `typeConcurrency` of the task's type is used up.
     TypeConcurrencyLimit,
     /// A retry, and the queue's retry token bucket is empty.
@@ -67,8 +80,9 @@ pub enum HeldReason {
 }
 
 impl HeldReason {
-    pub const ALL: [HeldReason; 7] = [
+    pub const ALL: [HeldReason; 8] = [
         HeldReason::ConcurrencyLimit,
+        HeldReason::AdaptiveLimit,
         HeldReason::TypeConcurrencyLimit,
         HeldReason::RetryRateLimited,
         HeldReason::CircuitOpen,
@@ -80,6 +94,7 @@ impl HeldReason {
     pub fn as_str(self) -> &'static str {
         match self {
             HeldReason::ConcurrencyLimit => "ConcurrencyLimit",
+            HeldReason::AdaptiveLimit => "AdaptiveLimit",
             HeldReason::TypeConcurrencyLimit => "TypeConcurrencyLimit",
             HeldReason::RetryRateLimited => "RetryRateLimited",
             HeldReason::CircuitOpen => "CircuitOpen",
@@ -134,6 +149,11 @@ struct Bucket<K> {
     /// The first task of every non-empty lane.
     heads: BTreeSet<(Timestamp, K, Lane)>,
     len: usize,
+    /// Dispatches from this bucket, in all: the clock of the pending tasks' ranks.
+    dispatched: u64,
+    rate: DispatchRate,
+    /// Since when tasks have waited in it (as `next` saw it); `None` while empty or paused.
+    waiting_since: Option<Timestamp>,
 }
 
 impl<K> Default for Bucket<K> {
@@ -142,7 +162,22 @@ impl<K> Default for Bucket<K> {
             lanes: HashMap::new(),
             heads: BTreeSet::new(),
             len: 0,
+            dispatched: 0,
+            rate: DispatchRate::default(),
+            waiting_since: None,
         }
+    }
+}
+
+impl<K> Bucket<K> {
+    /// When the interval still open began: the last dispatch or the start of the wait.
+    fn open_since(&self) -> Option<Timestamp> {
+        let since = self.waiting_since?;
+        Some(
+            self.rate
+                .last_dispatch()
+                .map_or(since, |last| last.max(since)),
+        )
     }
 }
 
@@ -192,6 +227,9 @@ struct PendingEntry {
     priority: Priority,
     lane: Lane,
     queued_at: Timestamp,
+    /// Its bucket's `dispatched` count once it is dispatched (if the order holds): its position is
+    /// `rank - dispatched`.
+    rank: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -217,6 +255,10 @@ pub struct Dispatcher<K> {
     /// Smooth weighted round robin "current weight" per bucket.
     round_robin: [i64; 4],
     dispatched: u64,
+    /// The `weight_schedule` window whose limits are applied to the types and the token bucket.
+    window: Option<usize>,
+    /// A lower concurrency limit set by the adaptive policy, if any.
+    adaptive_limit: Option<u32>,
 }
 
 impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
@@ -234,6 +276,8 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             retry_tokens,
             round_robin: [0; 4],
             dispatched: 0,
+            window: None,
+            adaptive_limit: None,
         }
     }
 
@@ -243,19 +287,61 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 
     /// Applies an edited queue spec at once; pending and running tasks are kept.
     pub fn set_config(&mut self, config: QueueConfig, now: Timestamp) {
-        self.retry_tokens
-            .set_rate(config.retry_rate_per_minute, now);
         for state in &mut self.types {
-            state.limit = config.type_concurrency.get(&state.name).copied();
             state.breaker.reconfigure(now, &config.circuit_breaker);
         }
         self.config = config;
+        self.apply_limits(window_in_force(&self.config.weight_schedule, now), now);
+    }
+
+    /// Applies the limits of the window in force at `now`, when the window changed.
+    fn apply_schedule(&mut self, now: Timestamp) {
+        if self.config.weight_schedule.is_empty() && self.window.is_none() {
+            return;
+        }
+        let window = window_in_force(&self.config.weight_schedule, now);
+        if window != self.window {
+            self.apply_limits(window, now);
+        }
+    }
+
+    fn apply_limits(&mut self, window: Option<usize>, now: Timestamp) {
+        self.window = window;
+        self.retry_tokens
+            .set_rate(self.config.retry_rate_in(window), now);
+        for state in &mut self.types {
+            state.limit = self.config.type_limit_in(window, &state.name);
+        }
+    }
+
+    /// Caps the concurrency below the limit in force (`concurrencyPolicy: Adaptive`); `None` lifts it.
+    pub fn set_adaptive_limit(&mut self, limit: Option<u32>) {
+        self.adaptive_limit = limit;
+    }
+
+    /// The concurrency limit of the window in force (as last applied), or the queue's own.
+    pub fn concurrency_in_force(&self) -> u32 {
+        self.config.concurrency_in(self.window)
+    }
+
+    /// Most tasks dispatched at once right now: the limit in force, capped by the adaptive limit.
+    pub fn effective_concurrency(&self) -> u32 {
+        let limit = self.concurrency_in_force();
+        self.adaptive_limit
+            .map_or(limit, |adaptive| adaptive.min(limit))
     }
 
     /// Adds a pending task, or replaces it (its priority, type, attempt or time may have changed).
     /// A task that was counted as running is pending again: its slot is freed as `Aborted`.
     pub fn upsert(&mut self, key: K, task: PendingTask) {
         self.release_running(&key, Outcome::Aborted, None);
+        // A task offered again in the same place keeps its rank; a new one goes last until the
+        // next refresh of the positions says otherwise.
+        let kept_rank = self
+            .pending
+            .get(&key)
+            .filter(|e| e.priority == task.priority && e.queued_at == task.queued_at)
+            .map(|e| e.rank);
         self.remove_pending(&key);
         let type_id = self.intern_type(&task.task_type);
         self.types[type_id].pending += 1;
@@ -263,13 +349,16 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             type_id,
             retry: task.attempt > 1,
         };
-        self.buckets[task.priority.index()].insert(lane, task.queued_at, key.clone());
+        let bucket = &mut self.buckets[task.priority.index()];
+        bucket.insert(lane, task.queued_at, key.clone());
+        let rank = kept_rank.unwrap_or(bucket.dispatched + bucket.len as u64);
         self.pending.insert(
             key,
             PendingEntry {
                 priority: task.priority,
                 lane,
                 queued_at: task.queued_at,
+                rank,
             },
         );
     }
@@ -333,11 +422,32 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 
     /// Picks the task to dispatch at `now` and counts it as running, or `None` when nothing may go.
     pub fn next(&mut self, now: Timestamp) -> Option<K> {
-        if self.running.len() >= self.config.concurrency as usize {
+        self.apply_schedule(now);
+        let limit = self.effective_concurrency();
+        for bucket in &mut self.buckets {
+            if bucket.len == 0 || limit == 0 {
+                // Empty or paused: the next dispatch starts a new measurement.
+                bucket.waiting_since = None;
+            } else if bucket.waiting_since.is_none() {
+                bucket.waiting_since = Some(now);
+            }
+        }
+        if self.running.len() >= limit as usize {
             return None;
         }
         let (priority, queued_at, key, lane) = self.choose(now)?;
-        self.buckets[priority.index()].remove(lane, queued_at, &key);
+        let bucket = &mut self.buckets[priority.index()];
+        bucket.remove(lane, queued_at, &key);
+        // Measured only if tasks waited in the bucket before this call.
+        let interval = bucket
+            .open_since()
+            .filter(|_| bucket.waiting_since.is_some_and(|since| since < now))
+            .map(|since| now.duration_since(since));
+        bucket.rate.record(now, interval);
+        bucket.dispatched += 1;
+        if bucket.len == 0 {
+            bucket.waiting_since = None;
+        }
         self.pending.remove(&key);
         let state = &mut self.types[lane.type_id];
         state.pending -= 1;
@@ -366,14 +476,79 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     pub fn held_reason(&self, key: &K, now: Timestamp) -> Option<(HeldReason, &str)> {
         let entry = self.pending.get(key)?;
         let retry_token = self.retry_tokens.has_token(now);
+        let in_force = self.concurrency_in_force();
         let reason = lane_blocked(&self.types, entry.lane, now, retry_token).unwrap_or(
-            if self.running.len() >= self.config.concurrency as usize {
-                HeldReason::ConcurrencyLimit
+            if self.running.len() >= self.effective_concurrency() as usize {
+                if self
+                    .adaptive_limit
+                    .is_some_and(|adaptive| adaptive < in_force)
+                {
+                    HeldReason::AdaptiveLimit
+                } else {
+                    HeldReason::ConcurrencyLimit
+                }
             } else {
                 HeldReason::Waiting
             },
         );
         Some((reason, self.types[entry.lane.type_id].name.as_str()))
+    }
+
+    /// Where the pending task `key` stands in its bucket and when it is expected to start, from
+    /// the bucket's measured rate; `None` if it is not pending. Says nothing about what holds it.
+    pub fn estimate(&self, key: &K, now: Timestamp) -> Option<Estimate> {
+        let entry = self.pending.get(key)?;
+        let bucket = &self.buckets[entry.priority.index()];
+        let waiting = bucket.len as u64;
+        let position = entry
+            .rank
+            .saturating_sub(bucket.dispatched)
+            .clamp(1, waiting.max(1));
+        Some(estimate::estimate(
+            entry.priority,
+            position,
+            waiting,
+            &bucket.rate,
+            bucket.open_since(),
+            now,
+        ))
+    }
+
+    /// Recomputes the rank of every pending task: one pass per bucket in dispatch order (by
+    /// `queued_at`, then key, as the lanes hold them), O(n log lanes).
+    pub fn refresh_positions(&mut self) {
+        let Self {
+            buckets, pending, ..
+        } = self;
+        for bucket in buckets.iter() {
+            let mut lanes: Vec<_> = bucket.lanes.values().map(|fifo| fifo.iter()).collect();
+            let mut heads = BinaryHeap::with_capacity(lanes.len());
+            for (index, lane) in lanes.iter_mut().enumerate() {
+                if let Some((at, key)) = lane.next() {
+                    heads.push(Reverse((at, key, index)));
+                }
+            }
+            let mut rank = bucket.dispatched;
+            while let Some(Reverse((_, key, index))) = heads.pop() {
+                rank += 1;
+                if let Some(entry) = pending.get_mut(key) {
+                    entry.rank = rank;
+                }
+                if let Some((at, key)) = lanes[index].next() {
+                    heads.push(Reverse((at, key, index)));
+                }
+            }
+        }
+    }
+
+    /// The adaptive limit, if the policy set one.
+    pub fn adaptive_limit(&self) -> Option<u32> {
+        self.adaptive_limit
+    }
+
+    /// The `weight_schedule` window whose limits are applied (as of the last `next`).
+    pub fn window(&self) -> Option<usize> {
+        self.window
     }
 
     pub fn stats(&self, now: Timestamp) -> QueueStats {
@@ -453,7 +628,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         }
         let state = TypeState {
             name: task_type.to_string(),
-            limit: self.config.type_concurrency.get(task_type).copied(),
+            limit: self.config.type_limit_in(self.window, task_type),
             pending: 0,
             running: 0,
             breaker: Breaker::new(),
@@ -580,7 +755,7 @@ mod tests {
     use super::*;
     use crate::core::queue::MaxWait;
     use crate::core::queue::breaker::BreakerConfig;
-    use crate::core::queue::weights::WeightWindow;
+    use crate::core::queue::weights::{WeightWindow, WindowLimits};
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + secs).expect("valid test timestamp")
@@ -960,6 +1135,170 @@ mod tests {
         );
         dispatcher.upsert(5, task(Priority::Low, "a", queued, 1));
         assert_eq!(drain_without_finishing(&mut dispatcher, morning), vec![3]);
+    }
+
+    #[test]
+    fn a_window_overrides_concurrency_and_type_limits_between_its_boundaries() {
+        let limits = WindowLimits {
+            concurrency: Some(2),
+            type_concurrency: [("report".to_string(), 1)].into(),
+            retry_rate_per_minute: None,
+        };
+        // 09:00-10:00 in Asia/Kolkata (+05:30): 03:30Z-04:30Z.
+        let config = QueueConfig {
+            concurrency: 5,
+            weight_schedule: vec![
+                WeightWindow::parse_with("09:00", "10:00", "Asia/Kolkata", None, limits)
+                    .expect("valid window"),
+            ],
+            ..QueueConfig::default()
+        };
+        let mut dispatcher = Dispatcher::new(config);
+        let at = |utc: &str| -> Timestamp { utc.parse().expect("valid timestamp") };
+        for key in 0..10 {
+            dispatcher.upsert(
+                key,
+                task(Priority::Normal, "work", at("2026-01-05T00:00:00Z"), 1),
+            );
+        }
+        for key in 10..13 {
+            dispatcher.upsert(
+                key,
+                task(Priority::Normal, "report", at("2026-01-05T00:00:01Z"), 1),
+            );
+        }
+        let inside = at("2026-01-05T03:30:00Z");
+        assert_eq!(drain_without_finishing(&mut dispatcher, inside).len(), 2);
+        assert_eq!(dispatcher.window(), Some(0));
+        assert_eq!(dispatcher.effective_concurrency(), 2);
+        assert_eq!(
+            dispatcher.held_reason(&5, inside).map(|(r, _)| r),
+            Some(HeldReason::ConcurrencyLimit)
+        );
+        // The window ends at 10:00 local time: the queue's 5 apply again, "report" keeps 1.
+        let before_end = at("2026-01-05T04:29:59Z");
+        assert_eq!(
+            drain_without_finishing(&mut dispatcher, before_end),
+            Vec::<u32>::new()
+        );
+        let after = at("2026-01-05T04:30:00Z");
+        assert_eq!(drain_without_finishing(&mut dispatcher, after).len(), 3);
+        assert_eq!(dispatcher.window(), None);
+        assert_eq!(dispatcher.effective_concurrency(), 5);
+    }
+
+    #[test]
+    fn an_adaptive_limit_below_the_concurrency_holds_with_its_own_reason() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            concurrency: 10,
+            ..QueueConfig::default()
+        });
+        dispatcher.set_adaptive_limit(Some(2));
+        for key in 0..5 {
+            dispatcher.upsert(key, task(Priority::Normal, "a", t(0), 1));
+        }
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(1)), vec![0, 1]);
+        assert_eq!(
+            dispatcher.held_reason(&2, t(1)).map(|(r, _)| r),
+            Some(HeldReason::AdaptiveLimit)
+        );
+        // At the queue's own limit it is the concurrency that holds.
+        dispatcher.set_adaptive_limit(Some(10));
+        assert_eq!(
+            drain_without_finishing(&mut dispatcher, t(2)),
+            vec![2, 3, 4]
+        );
+        dispatcher.set_adaptive_limit(Some(5));
+        dispatcher.upsert(9, task(Priority::Normal, "a", t(3), 1));
+        assert_eq!(
+            dispatcher.held_reason(&9, t(3)).map(|(r, _)| r),
+            Some(HeldReason::AdaptiveLimit)
+        );
+        dispatcher.set_adaptive_limit(None);
+        assert_eq!(
+            dispatcher.held_reason(&9, t(3)).map(|(r, _)| r),
+            Some(HeldReason::Waiting)
+        );
+    }
+
+    #[test]
+    fn positions_count_down_with_dispatches_and_estimates_follow_the_rate() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            concurrency: 1,
+            ..QueueConfig::default()
+        });
+        // Two lanes (types) interleaved by time, plus a retry lane.
+        for key in 0..30u32 {
+            let task_type = if key % 2 == 0 { "a" } else { "b" };
+            let attempt = if key % 5 == 4 { 2 } else { 1 };
+            dispatcher.upsert(
+                key,
+                task(Priority::Low, task_type, t(i64::from(key)), attempt),
+            );
+        }
+        dispatcher.refresh_positions();
+        let position =
+            |d: &Dispatcher<u32>, key: u32, now| d.estimate(&key, now).expect("pending").position;
+        for key in 0..30 {
+            assert_eq!(position(&dispatcher, key, t(100)), u64::from(key) + 1);
+        }
+        // One dispatch every 2 s, each finishing at once.
+        let mut now = t(100);
+        for _ in 0..10 {
+            let key = dispatcher.next(now).expect("a task");
+            dispatcher.finished(&key, Outcome::Succeeded, now);
+            now += SignedDuration::from_secs(2);
+        }
+        let last = now - SignedDuration::from_secs(2);
+        // No refresh needed for positions to count down.
+        assert_eq!(position(&dispatcher, 29, now), 20);
+        let estimate = dispatcher.estimate(&29, now).expect("pending");
+        assert_eq!(estimate.start, Ok(last + SignedDuration::from_secs(40)));
+        assert_eq!(estimate.waiting, 20);
+        // A task re-offered in the same place keeps its position; a newcomer goes last.
+        dispatcher.upsert(29, task(Priority::Low, "b", t(29), 1));
+        assert_eq!(position(&dispatcher, 29, now), 20);
+        dispatcher.upsert(100, task(Priority::Low, "a", t(5), 1));
+        assert_eq!(position(&dispatcher, 100, now), 21);
+        // Until the refresh puts it where its queuedAt says.
+        dispatcher.refresh_positions();
+        assert_eq!(position(&dispatcher, 100, now), 1);
+        assert_eq!(position(&dispatcher, 29, now), 21);
+    }
+
+    #[test]
+    fn a_paused_queue_restarts_its_measurement() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            concurrency: 1,
+            ..QueueConfig::default()
+        });
+        for key in 0..10u32 {
+            dispatcher.upsert(key, task(Priority::High, "a", t(0), 1));
+        }
+        let mut now = t(0);
+        for _ in 0..3 {
+            let key = dispatcher.next(now).expect("a task");
+            dispatcher.finished(&key, Outcome::Succeeded, now);
+            now += SignedDuration::from_secs(1);
+        }
+        let mut paused = dispatcher.config().clone();
+        paused.concurrency = 0;
+        dispatcher.set_config(paused.clone(), now);
+        assert_eq!(dispatcher.next(now), None);
+        // An hour paused, then open again: the hour is not a dispatch interval.
+        now += SignedDuration::from_secs(3600);
+        paused.concurrency = 1;
+        dispatcher.set_config(paused, now);
+        for _ in 0..3 {
+            let key = dispatcher.next(now).expect("a task");
+            dispatcher.finished(&key, Outcome::Succeeded, now);
+            now += SignedDuration::from_secs(1);
+        }
+        let per_minute = dispatcher
+            .estimate(&9, now - SignedDuration::from_secs(1))
+            .and_then(|e| e.per_minute)
+            .expect("a rate");
+        assert!((per_minute - 60.0).abs() < 1.0, "{per_minute}");
     }
 
     #[test]

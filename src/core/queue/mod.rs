@@ -1,18 +1,24 @@
 //! AxQueues (DESIGN §4) as pure logic: a queue spec as configuration (`config`), the dispatcher of
 //! one queue with its priority buckets (`dispatcher`), and its parts — bucket weights and their
 //! schedule (`weights`), the circuit breaker per task type (`breaker`), the retry token bucket
-//! (`token_bucket`) — the registry of every queue and where each task is (`registry`), and the
-//! status a queue shows (`status`). No client, no clock: time comes in as arguments.
+//! (`token_bucket`) — the registry of every queue and where each task is (`registry`), the status a
+//! queue shows (`status`), the adaptive concurrency (`adaptive`) with what it reads from the pods
+//! (`capacity`), and the estimated start of a waiting task (`estimate`). No client, no clock: time
+//! comes in as arguments.
 
+pub mod adaptive;
 pub mod breaker;
+pub mod capacity;
 pub mod config;
 pub mod dispatcher;
+pub mod estimate;
 pub mod registry;
 pub mod status;
 pub mod token_bucket;
 pub mod weights;
 
-pub use config::{MaxWait, QueueConfig, QueueSpecError, queue_config};
+pub use adaptive::{AdaptiveConcurrency, Change, Observation};
+pub use config::{LimitsInForce, MaxWait, QueueConfig, QueueSpecError, queue_config};
 pub use dispatcher::{Dispatcher, HeldReason, Outcome, PendingTask, QueueStats};
 pub use registry::{Held, QueueReport, Registry, TaskKey, pending_of, pending_task, rebuild};
 pub use status::queue_status;

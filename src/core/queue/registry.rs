@@ -11,9 +11,11 @@ use std::ops::Bound;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::adaptive::{self, AdaptiveConcurrency, Bounds, Change, Observation};
 use super::breaker::BreakerState;
-use super::config::{QueueConfig, QueueSpecError, queue_config};
+use super::config::{LimitsInForce, QueueConfig, QueueSpecError, queue_config};
 use super::dispatcher::{Dispatcher, HeldReason, Outcome, PendingTask};
+use super::estimate::{Estimate, NoEstimate};
 use crate::api::{AxQueue, AxQueueSpec, AxTask, AxTaskSpec, AxTaskStatus, Priority};
 
 /// Namespace and name of a task.
@@ -48,6 +50,13 @@ struct QueueEntry {
     dead: i64,
     /// Types reported in `ax_circuit_open` as open, to report them closed later.
     reported_open: BTreeSet<String>,
+    /// `concurrencyPolicy: Adaptive`: the controller, its last change, and the value at its last
+    /// Event.
+    adaptive: Option<AdaptiveConcurrency>,
+    last_change: Option<(Timestamp, Change)>,
+    evented: Option<u32>,
+    /// The effective concurrency an earlier leader reported, to start the controller from.
+    reported_effective: Option<u32>,
 }
 
 impl QueueEntry {
@@ -63,6 +72,44 @@ impl QueueEntry {
             dispatched: 0,
             dead: 0,
             reported_open: BTreeSet::new(),
+            adaptive: None,
+            last_change: None,
+            evented: None,
+            reported_effective: None,
+        }
+    }
+
+    /// The bounds of the adaptive controller at `now`: the policy's min, the concurrency in force.
+    fn adaptive_bounds(&self, now: Timestamp) -> Option<Bounds> {
+        let config = self.dispatcher.config();
+        let min = config.adaptive_min?;
+        Some(Bounds {
+            min,
+            max: config.limits_at(now).concurrency,
+        })
+    }
+
+    /// Starts, keeps or stops the adaptive controller as the config in force says, and gives the
+    /// dispatcher its limit.
+    fn sync_adaptive(&mut self, now: Timestamp) {
+        match self.adaptive_bounds(now) {
+            Some(bounds) => {
+                let start = self
+                    .reported_effective
+                    .take()
+                    .unwrap_or(self.dispatcher.running_len() as u32);
+                let adaptive = self
+                    .adaptive
+                    .get_or_insert_with(|| AdaptiveConcurrency::new(start, bounds));
+                self.dispatcher.set_adaptive_limit(Some(adaptive.current()));
+            }
+            None => {
+                self.adaptive = None;
+                self.reported_effective = None;
+                self.last_change = None;
+                self.evented = None;
+                self.dispatcher.set_adaptive_limit(None);
+            }
         }
     }
 
@@ -87,8 +134,18 @@ pub struct QueueReport {
     pub exists: bool,
     pub pending: [(Priority, usize); 4],
     pub running: usize,
-    /// The concurrency limit in force.
+    /// The concurrency limit in force (the spec's or the window's).
     pub concurrency: u32,
+    /// Every limit in force, and the window that set them.
+    pub limits: LimitsInForce,
+    /// The window in force: index, `from`, `to`, time zone.
+    pub window: Option<(usize, String, String, String)>,
+    /// What the dispatcher applies: `concurrency`, or less under the adaptive policy.
+    pub effective_concurrency: u32,
+    /// Whether the adaptive policy is on.
+    pub adaptive: bool,
+    /// The adaptive policy's last change.
+    pub last_change: Option<(Timestamp, Change)>,
     pub open_circuits: Vec<String>,
     /// The state of each breaker in `open_circuits`.
     pub circuits: Vec<(String, BreakerState)>,
@@ -100,11 +157,13 @@ pub struct QueueReport {
 }
 
 /// A task held back and what holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Held {
     pub key: TaskKey,
     pub reason: HeldReason,
     pub message: String,
+    /// Its place in its bucket and estimated start (what the message says about them).
+    pub estimate: Option<Estimate>,
 }
 
 /// Every queue's dispatcher and where each queued or dispatched task is.
@@ -129,6 +188,9 @@ impl Registry {
             let status = queue.status.clone().unwrap_or_default();
             entry.dispatched_base = status.dispatched.saturating_sub(entry.dispatched);
             entry.dead_base = status.dead.saturating_sub(entry.dead);
+            entry.reported_effective = status
+                .effective_concurrency
+                .and_then(|e| u32::try_from(e).ok());
         } else if entry.seen_spec.as_ref() == Some(&queue.spec) {
             return None;
         }
@@ -138,6 +200,7 @@ impl Registry {
                 entry.dispatcher.set_config(config, now);
                 entry.availability = Availability::Active;
                 entry.invalid = None;
+                entry.sync_adaptive(now);
                 None
             }
             Err(problem) => {
@@ -293,8 +356,18 @@ impl Registry {
         None
     }
 
-    /// What holds the waiting task `key` at `now`; `None` if it is not waiting for a slot.
+    /// What holds the waiting task `key` at `now`, with where it stands in its bucket and its
+    /// estimated start; `None` if it is not waiting for a slot.
     pub fn held_reason(&self, key: &TaskKey, now: Timestamp) -> Option<(HeldReason, String)> {
+        self.held_detail(key, now)
+            .map(|(reason, message, _)| (reason, message))
+    }
+
+    fn held_detail(
+        &self,
+        key: &TaskKey,
+        now: Timestamp,
+    ) -> Option<(HeldReason, String, Option<Estimate>)> {
         let task = self.tasks.get(key).filter(|t| !t.holding)?;
         let entry = self.queues.get(&task.queue)?;
         let q = &task.queue;
@@ -302,17 +375,25 @@ impl Registry {
             Availability::NotFound => (
                 HeldReason::QueueNotFound,
                 format!("AxQueue {q} does not exist"),
+                None,
             ),
             Availability::Invalid => (
                 HeldReason::QueueInvalid,
                 format!("AxQueue {q} has no valid spec (see its InvalidSpec condition)"),
+                None,
             ),
             Availability::Active => {
-                let (reason, task_type) = entry.dispatcher.held_reason(key, now)?;
-                let message = match reason {
+                let dispatcher = &entry.dispatcher;
+                let (reason, task_type) = dispatcher.held_reason(key, now)?;
+                let stem = match reason {
                     HeldReason::ConcurrencyLimit => {
                         format!("the concurrency of AxQueue {q} is in use")
                     }
+                    HeldReason::AdaptiveLimit => format!(
+                        "the adaptive concurrency of AxQueue {q} ({} of at most {}) is in use",
+                        dispatcher.effective_concurrency(),
+                        dispatcher.concurrency_in_force()
+                    ),
                     HeldReason::TypeConcurrencyLimit => {
                         format!("the typeConcurrency of {task_type} in AxQueue {q} is in use")
                     }
@@ -326,24 +407,85 @@ impl Registry {
                         format!("waiting for its turn in AxQueue {q}")
                     }
                 };
-                (reason, message)
+                let estimate = dispatcher.estimate(key, now).map(|e| match reason {
+                    _ if dispatcher.effective_concurrency() == 0 => {
+                        e.without_start(NoEstimate::Paused)
+                    }
+                    HeldReason::TypeConcurrencyLimit
+                    | HeldReason::RetryRateLimited
+                    | HeldReason::CircuitOpen => e.without_start(NoEstimate::HeldApart),
+                    _ => e,
+                });
+                let message = match &estimate {
+                    Some(e) => format!("{stem}; {}", e.describe()),
+                    None => stem,
+                };
+                (reason, message, estimate)
             }
         })
     }
 
-    /// Every task waiting for a slot and what holds it at `now`.
-    pub fn held(&self, now: Timestamp) -> Vec<Held> {
+    /// Every task waiting for a slot and what holds it at `now`. Recomputes every waiting task's
+    /// position first (one ordered pass per bucket): this is the periodic refresh.
+    pub fn held(&mut self, now: Timestamp) -> Vec<Held> {
+        for entry in self.queues.values_mut() {
+            if entry.dispatcher.pending_len() > 0 {
+                entry.dispatcher.refresh_positions();
+            }
+        }
         self.tasks
             .keys()
             .filter_map(|key| {
-                let (reason, message) = self.held_reason(key, now)?;
+                let (reason, message, estimate) = self.held_detail(key, now)?;
                 Some(Held {
                     key: key.clone(),
                     reason,
                     message,
+                    estimate,
                 })
             })
             .collect()
+    }
+
+    /// Queues with `concurrencyPolicy: Adaptive` in force, by name.
+    pub fn adaptive_queues(&self) -> BTreeSet<String> {
+        self.queues
+            .iter()
+            .filter(|(_, e)| e.availability == Availability::Active && e.adaptive.is_some())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The queue a task waits in or holds a slot of.
+    pub fn queue_of(&self, key: &TaskKey) -> Option<&str> {
+        self.tasks.get(key).map(|t| t.queue.as_str())
+    }
+
+    /// One period's look at an adaptive queue's pods (`seen`; its own counts are filled in here):
+    /// the controller adjusts the queue's effective concurrency. Returns the change, if any, and
+    /// whether it is large enough for an Event since the last one.
+    pub fn adapt(
+        &mut self,
+        queue: &str,
+        mut seen: Observation,
+        now: Timestamp,
+    ) -> Option<(Change, bool)> {
+        let entry = self.queues.get_mut(queue)?;
+        let bounds = entry.adaptive_bounds(now)?;
+        seen.held = entry.dispatcher.running_len() as u32;
+        seen.waiting = entry.dispatcher.pending_len() as u32;
+        let adaptive = entry.adaptive.as_mut()?;
+        let change = adaptive.observe(&seen, bounds);
+        let current = adaptive.current();
+        entry.dispatcher.set_adaptive_limit(Some(current));
+        let change = change?;
+        let evented = *entry.evented.get_or_insert(change.from);
+        let event = adaptive::worth_an_event(evented, change.to);
+        if event {
+            entry.evented = Some(change.to);
+        }
+        entry.last_change = Some((now, change.clone()));
+        Some((change, event))
     }
 
     /// Counts a task of `queue` that went Dead.
@@ -360,6 +502,16 @@ impl Registry {
             .map(|(name, entry)| {
                 let stats = entry.dispatcher.stats(now);
                 let exists = entry.availability != Availability::NotFound;
+                let config = entry.dispatcher.config();
+                let limits = config.limits_at(now);
+                let window = limits.window.and_then(|index| {
+                    let (from, to, zone) = config.weight_schedule.get(index)?.describe();
+                    Some((index, from, to, zone.to_string()))
+                });
+                let effective_concurrency = entry
+                    .dispatcher
+                    .adaptive_limit()
+                    .map_or(limits.concurrency, |a| a.min(limits.concurrency));
                 // A deleted queue's breakers decide nothing until it comes back.
                 let circuits = if exists {
                     stats.open_circuits
@@ -372,7 +524,12 @@ impl Registry {
                     exists,
                     pending: stats.pending,
                     running: stats.running,
-                    concurrency: entry.dispatcher.config().concurrency,
+                    concurrency: limits.concurrency,
+                    effective_concurrency,
+                    window,
+                    limits,
+                    adaptive: entry.adaptive.is_some(),
+                    last_change: entry.last_change.clone(),
                     open_circuits,
                     circuits,
                     dispatched: entry.dispatched_base.saturating_add(entry.dispatched),

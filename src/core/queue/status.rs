@@ -5,10 +5,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::breaker::BreakerState;
 use super::registry::QueueReport;
-use crate::api::{AxQueueStatus, CircuitStatus, Condition, PendingCounts, Priority};
+use crate::api::{
+    ActiveWindow, AxQueueStatus, CircuitStatus, ConcurrencyChange, Condition, PendingCounts,
+    Priority, QueueLimits,
+};
 
-/// The status a queue should show: the report's counts, and the `InvalidSpec` condition, whose
-/// transition time moves only when its value does.
+/// The status a queue should show: the report's counts, the limits in force and the window that
+/// set them, the effective concurrency and its last adaptive change, and the `InvalidSpec`
+/// condition, whose transition time moves only when its value does.
 pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp) -> AxQueueStatus {
     let count = |priority: Priority| {
         report
@@ -73,5 +77,34 @@ pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp
         retry_tokens: i64::from(report.retry_tokens),
         conditions,
         observed_generation: report.generation,
+        limits: Some(QueueLimits {
+            concurrency: i64::from(report.limits.concurrency),
+            type_concurrency: report
+                .limits
+                .type_concurrency
+                .iter()
+                .map(|(t, n)| (t.clone(), i64::from(*n)))
+                .collect(),
+            retry_rate_per_minute: i64::from(report.limits.retry_rate_per_minute),
+        }),
+        active_window: report
+            .window
+            .as_ref()
+            .map(|(index, from, to, zone)| ActiveWindow {
+                index: i64::try_from(*index).unwrap_or(i64::MAX),
+                from: from.clone(),
+                to: to.clone(),
+                time_zone: zone.clone(),
+            }),
+        effective_concurrency: Some(i64::from(report.effective_concurrency)),
+        last_concurrency_change: report.last_change.as_ref().map(|(time, change)| {
+            ConcurrencyChange {
+                time: *time,
+                from: i64::from(change.from),
+                to: i64::from(change.to),
+                reason: change.reason.as_str().to_string(),
+                message: change.message.clone(),
+            }
+        }),
     }
 }

@@ -1,11 +1,14 @@
-//! Bucket weights of a queue and the `weightSchedule` windows that override them (DESIGN §4).
+//! Bucket weights of a queue and the `weightSchedule` windows that override them and, where a
+//! window says so, the queue's limits (DESIGN §4).
 //!
 //! A window is a wall-clock range in its own IANA time zone, `from` inclusive, `to` exclusive; `from`
 //! later than `to` wraps midnight, `from == to` covers the whole day. Being wall-clock, a window follows
 //! the zone's DST changes: "22:00"–"06:00" in Europe/Berlin is 21:00Z–05:00Z in winter and
 //! 20:00Z–04:00Z in summer, and a boundary inside a skipped hour (spring forward) is crossed with the
-//! jump. The first window (in list order) that contains the instant wins.
+//! jump. The first window (in list order) that contains the instant is in force; what it leaves out
+//! (its weights, a limit) is the queue's own.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use jiff::Timestamp;
@@ -45,13 +48,24 @@ impl Weights {
     }
 }
 
+/// The limits a window overrides; `None` (or a type it does not name) keeps the queue's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WindowLimits {
+    pub concurrency: Option<u32>,
+    pub type_concurrency: BTreeMap<String, u32>,
+    pub retry_rate_per_minute: Option<u32>,
+}
+
 /// One `weightSchedule` entry, parsed and with its time zone resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WeightWindow {
     from: Time,
     to: Time,
     time_zone: TimeZone,
-    weights: Weights,
+    /// The zone as the spec names it, for the status.
+    time_zone_name: String,
+    weights: Option<Weights>,
+    limits: WindowLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,20 +102,43 @@ impl WeightWindow {
         time_zone: &str,
         weights: Weights,
     ) -> Result<Self, WeightWindowError> {
-        let time_zone =
-            TimeZone::get(time_zone).map_err(|_| WeightWindowError::UnknownTimeZone {
-                name: time_zone.to_string(),
-            })?;
+        Self::parse_with(from, to, time_zone, Some(weights), WindowLimits::default())
+    }
+
+    /// [`WeightWindow::parse`] for a window that may leave the weights alone and override limits.
+    pub fn parse_with(
+        from: &str,
+        to: &str,
+        time_zone: &str,
+        weights: Option<Weights>,
+        limits: WindowLimits,
+    ) -> Result<Self, WeightWindowError> {
+        let zone = TimeZone::get(time_zone).map_err(|_| WeightWindowError::UnknownTimeZone {
+            name: time_zone.to_string(),
+        })?;
         Ok(Self {
             from: parse_clock_time(from)?,
             to: parse_clock_time(to)?,
-            time_zone,
+            time_zone: zone,
+            time_zone_name: time_zone.to_string(),
             weights,
+            limits,
         })
     }
 
-    pub fn weights(&self) -> &Weights {
-        &self.weights
+    /// The window's own weights; `None`: the queue's weights stay in force inside it.
+    pub fn weights(&self) -> Option<&Weights> {
+        self.weights.as_ref()
+    }
+
+    pub fn limits(&self) -> &WindowLimits {
+        &self.limits
+    }
+
+    /// `from`, `to` ("HH:MM") and the time zone as the spec gives them.
+    pub fn describe(&self) -> (String, String, &str) {
+        let clock = |t: Time| format!("{:02}:{:02}", t.hour(), t.minute());
+        (clock(self.from), clock(self.to), &self.time_zone_name)
     }
 
     /// Whether the wall clock of the window's zone at `now` is inside the window.
@@ -131,16 +168,21 @@ fn parse_clock_time(value: &str) -> Result<Time, WeightWindowError> {
     Time::new(hour, minute, 0, 0).map_err(|_| invalid())
 }
 
-/// The weights in force at `now`: those of the first window containing it, else `base`.
+/// The index of the window in force at `now`: the first that contains it.
+pub fn window_in_force(schedule: &[WeightWindow], now: Timestamp) -> Option<usize> {
+    schedule.iter().position(|window| window.contains(now))
+}
+
+/// The weights in force at `now`: those of the first window containing it, else `base` (also when
+/// that window sets no weights).
 pub fn effective_weights<'a>(
     base: &'a Weights,
     schedule: &'a [WeightWindow],
     now: Timestamp,
 ) -> &'a Weights {
-    schedule
-        .iter()
-        .find(|window| window.contains(now))
-        .map_or(base, WeightWindow::weights)
+    window_in_force(schedule, now)
+        .and_then(|index| schedule[index].weights())
+        .unwrap_or(base)
 }
 
 #[cfg(test)]
@@ -254,6 +296,31 @@ mod tests {
         assert_eq!(
             effective_weights(&base, &schedule, at("2026-06-01T11:00:00Z")),
             &base
+        );
+    }
+
+    #[test]
+    fn a_window_without_weights_keeps_the_base_weights_and_still_wins() {
+        let limits_only = WindowLimits {
+            concurrency: Some(2),
+            ..WindowLimits::default()
+        };
+        let schedule = [
+            WeightWindow::parse_with("09:00", "17:00", "UTC", None, limits_only)
+                .expect("valid window"),
+            WeightWindow::parse("00:00", "00:00", "UTC", NIGHT).expect("valid window"),
+        ];
+        let base = Weights::default();
+        let noon = at("2026-06-01T12:00:00Z");
+        assert_eq!(window_in_force(&schedule, noon), Some(0));
+        assert_eq!(effective_weights(&base, &schedule, noon), &base);
+        assert_eq!(
+            effective_weights(&base, &schedule, at("2026-06-01T18:00:00Z")),
+            &NIGHT
+        );
+        assert_eq!(
+            schedule[0].describe(),
+            ("09:00".to_string(), "17:00".to_string(), "UTC")
         );
     }
 

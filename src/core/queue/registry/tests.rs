@@ -73,7 +73,8 @@ fn invalid_edit_keeps_the_previous_config_and_reports_once() {
         from: "7:00".into(),
         to: "08:00".into(),
         time_zone: "UTC".into(),
-        weights: QueueWeights::default(),
+        weights: Some(QueueWeights::default()),
+        ..WeightScheduleEntry::default()
     }];
     let problem = registry.configure(&queue("q", spec.clone(), None), t(1));
     assert!(problem.is_some_and(|p| p.to_string().contains("7:00")));
@@ -109,7 +110,8 @@ fn a_queue_never_valid_holds_its_tasks() {
             from: "22:00".into(),
             to: "06:00".into(),
             time_zone: "Nowhere/Land".into(),
-            weights: QueueWeights::default(),
+            weights: Some(QueueWeights::default()),
+            ..WeightScheduleEntry::default()
         }],
         ..AxQueueSpec::default()
     };
@@ -341,5 +343,185 @@ fn an_outcome_feeds_the_breaker_once_even_if_the_slot_is_released_later() {
     assert!(
         registry.reports(t(0))[0].open_circuits.is_empty(),
         "one failure of two needed"
+    );
+}
+
+fn adaptive_spec(min: i32, max: i32) -> AxQueueSpec {
+    serde_json::from_value(serde_json::json!({
+        "concurrency": max,
+        "concurrencyPolicy": {"mode": "Adaptive", "min": min},
+    }))
+    .expect("a spec")
+}
+
+#[test]
+fn an_adaptive_queue_starts_at_min_grows_when_pods_are_placed_and_shrinks_when_not() {
+    let mut registry = Registry::default();
+    registry.configure(&queue("q", adaptive_spec(2, 50), None), t(0));
+    assert_eq!(registry.adaptive_queues(), ["q".to_string()].into());
+    for i in 0..20 {
+        registry.upsert(
+            &key(&format!("t{i:02}")),
+            "q",
+            pending(Priority::Normal, "x", i, 1),
+        );
+    }
+    let granted: Vec<_> = std::iter::from_fn(|| registry.next(t(30))).collect();
+    assert_eq!(granted.len(), 2);
+    let (reason, message) = registry.held_reason(&key("t05"), t(30)).expect("held");
+    assert_eq!(reason, HeldReason::AdaptiveLimit);
+    assert!(message.contains("(2 of at most 50)"), "{message}");
+    assert!(
+        message.contains("position 4 of 18 in the Normal bucket"),
+        "{message}"
+    );
+    assert!(message.contains("estimated start unknown"), "{message}");
+
+    let placed = Observation {
+        placed: 2,
+        ..Observation::default()
+    };
+    let (change, _) = registry.adapt("q", placed, t(32)).expect("a change");
+    assert_eq!((change.from, change.to), (2, 3));
+    assert_eq!(registry.queue_of(&key("t00")), Some("q"));
+    let report = registry.reports(t(32)).remove(0);
+    assert_eq!((report.effective_concurrency, report.concurrency), (3, 50));
+    assert!(report.adaptive);
+    let status = queue_status(&report, &AxQueueStatus::default(), t(32));
+    assert_eq!(status.effective_concurrency, Some(3));
+    let last = status.last_concurrency_change.expect("a change");
+    assert_eq!(
+        (last.from, last.to, last.reason.as_str()),
+        (2, 3, "PodsPlaced")
+    );
+    assert_eq!(status.limits.map(|l| l.concurrency), Some(50));
+
+    assert_eq!(registry.next(t(33)).map(|(k, _)| k), Some(key("t02")));
+    let stuck = Observation {
+        unschedulable: 2,
+        placed: 1,
+        ..Observation::default()
+    };
+    let (change, event) = registry.adapt("q", stuck, t(34)).expect("a change");
+    assert_eq!((change.from, change.to), (3, 2));
+    assert_eq!(change.reason.as_str(), "PodsUnschedulable");
+    assert!(!event, "3 -> 2 is not a large change");
+    // Back to Fixed: the spec's concurrency is the limit again.
+    registry.configure(
+        &queue(
+            "q",
+            AxQueueSpec {
+                concurrency: 50,
+                ..AxQueueSpec::default()
+            },
+            None,
+        ),
+        t(35),
+    );
+    assert!(registry.adaptive_queues().is_empty());
+    assert_eq!(registry.reports(t(35))[0].effective_concurrency, 50);
+}
+
+#[test]
+fn a_new_leader_starts_the_adaptive_queue_where_the_old_one_left_it() {
+    let mut registry = Registry::default();
+    let status = AxQueueStatus {
+        effective_concurrency: Some(17),
+        ..AxQueueStatus::default()
+    };
+    registry.configure(&queue("q", adaptive_spec(2, 50), Some(status)), t(0));
+    assert_eq!(registry.reports(t(0))[0].effective_concurrency, 17);
+}
+
+#[test]
+fn the_status_names_the_window_in_force_and_its_limits() {
+    let mut registry = Registry::default();
+    let spec: AxQueueSpec = serde_json::from_value(serde_json::json!({
+        "concurrency": 8,
+        "weightSchedule": [{"from": "00:00", "to": "00:00", "timeZone": "Europe/Berlin",
+                            "concurrency": 2, "typeConcurrency": {"x": 1}}],
+    }))
+    .expect("a spec");
+    registry.configure(&queue("q", spec, None), t(0));
+    let report = registry.reports(t(0)).remove(0);
+    let status = queue_status(&report, &AxQueueStatus::default(), t(0));
+    let window = status.active_window.expect("a window");
+    assert_eq!(
+        (
+            window.index,
+            window.from.as_str(),
+            window.time_zone.as_str()
+        ),
+        (0, "00:00", "Europe/Berlin")
+    );
+    let limits = status.limits.expect("limits");
+    assert_eq!(limits.concurrency, 2);
+    assert_eq!(limits.type_concurrency.get("x"), Some(&1));
+    assert_eq!(status.effective_concurrency, Some(2));
+}
+
+#[test]
+fn the_refresh_reports_estimates_once_the_bucket_moves() {
+    let mut registry = Registry::default();
+    registry.configure(
+        &queue(
+            "q",
+            AxQueueSpec {
+                concurrency: 1,
+                ..AxQueueSpec::default()
+            },
+            None,
+        ),
+        t(0),
+    );
+    for i in 0..10 {
+        registry.upsert(
+            &key(&format!("t{i}")),
+            "q",
+            pending(Priority::Low, "x", i, 1),
+        );
+    }
+    let mut now = t(10);
+    for _ in 0..4 {
+        let (done, _) = registry.next(now).expect("a grant");
+        registry.dispatched(&done);
+        registry.remove(&done);
+        now += jiff::SignedDuration::from_secs(3);
+    }
+    let held = registry.held(now);
+    let last = held.iter().find(|h| h.key == key("t9")).expect("t9 waits");
+    let estimate = last.estimate.as_ref().expect("an estimate");
+    assert_eq!(estimate.position, 6);
+    // Dispatches every 3 s: the 6th from the last one (at now - 3 s).
+    assert_eq!(
+        estimate.start,
+        Ok(now + jiff::SignedDuration::from_secs(15))
+    );
+    assert!(last.message.contains("estimated start"), "{}", last.message);
+    assert!(!crate::core::queue::estimate::moved(
+        &last.message,
+        Some(estimate),
+        now
+    ));
+    // Paused: honestly unknown.
+    registry.configure(
+        &queue(
+            "q",
+            AxQueueSpec {
+                concurrency: 0,
+                ..AxQueueSpec::default()
+            },
+            None,
+        ),
+        now,
+    );
+    let held = registry.held(now);
+    let paused = held.iter().find(|h| h.key == key("t9")).expect("t9 waits");
+    assert!(
+        paused
+            .message
+            .contains("estimated start unknown (the queue is paused"),
+        "{}",
+        paused.message
     );
 }
