@@ -249,11 +249,15 @@ async fn four_hundred_tasks_are_dispatched_in_weighted_priority_shares() {
         (Priority::Normal, 0.2),
         (Priority::Low, 0.1),
     ];
+    // The order is read from `scheduledAt`, which each task's reconcile writes after its grant;
+    // under load those reconciles finish out of grant order by a few dispatches either way, which
+    // moves a share by a point or two at the window's edges. Equal shares (0.25 each) or any other
+    // weights would still be far outside.
     for (p, want) in expected {
         let got = observed.get(&p).copied().unwrap_or(0.0);
         assert!(
-            (got - want).abs() <= 0.1 * want,
-            "{p:?}: share {got:.3}, want {want} ± 10 % (all: {observed:?})"
+            (got - want).abs() <= 0.03,
+            "{p:?}: share {got:.3}, want {want} ± 0.03 (all: {observed:?})"
         );
     }
     let done = wait_queue(&client, &queue.name, LONG, "dispatched 400", |q| {
