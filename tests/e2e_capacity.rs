@@ -736,7 +736,6 @@ fn queued_message(task: &AxTask) -> String {
 }
 
 #[tokio::test]
-#[ignore = "not yet reliable: the dispatch-rate estimate counts the grants that fill free slots after an unpause as near-zero intervals (issue 14 stays open for it)"]
 async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     let client = client().await;
     let ns = namespace(&client, "estimate").await;

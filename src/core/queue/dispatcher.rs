@@ -154,6 +154,10 @@ struct Bucket<K> {
     rate: DispatchRate,
     /// Since when tasks have waited in it (as `next` saw it); `None` while empty or paused.
     waiting_since: Option<Timestamp>,
+    /// Whether, since it started waiting, a dispatch has had to wait (the queue at its limit, or
+    /// its tasks held): until then its dispatches fill slots that were free and say nothing of the
+    /// pace at which slots free up, so they are not measured.
+    paced: bool,
 }
 
 impl<K> Default for Bucket<K> {
@@ -165,6 +169,7 @@ impl<K> Default for Bucket<K> {
             dispatched: 0,
             rate: DispatchRate::default(),
             waiting_since: None,
+            paced: false,
         }
     }
 }
@@ -428,25 +433,30 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             if bucket.len == 0 || limit == 0 {
                 // Empty or paused: the next dispatch starts a new measurement.
                 bucket.waiting_since = None;
+                bucket.paced = false;
             } else if bucket.waiting_since.is_none() {
                 bucket.waiting_since = Some(now);
             }
         }
         if self.running.len() >= limit as usize {
+            self.mark_waiting_buckets_paced();
             return None;
         }
-        let (priority, queued_at, key, lane) = self.choose(now)?;
+        let Some((priority, queued_at, key, lane)) = self.choose(now) else {
+            self.mark_waiting_buckets_paced();
+            return None;
+        };
         let bucket = &mut self.buckets[priority.index()];
         bucket.remove(lane, queued_at, &key);
-        // Measured only if tasks waited in the bucket before this call.
         let interval = bucket
             .open_since()
-            .filter(|_| bucket.waiting_since.is_some_and(|since| since < now))
+            .filter(|_| bucket.paced)
             .map(|since| now.duration_since(since));
         bucket.rate.record(now, interval);
         bucket.dispatched += 1;
         if bucket.len == 0 {
             bucket.waiting_since = None;
+            bucket.paced = false;
         }
         self.pending.remove(&key);
         let state = &mut self.types[lane.type_id];
@@ -622,6 +632,16 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         Some((chosen, *queued_at, key.clone(), *lane))
     }
 
+    /// A dispatch had to wait: from now on the waiting buckets' dispatches follow the pace at which
+    /// slots free up (or their tasks are let go), and are measured.
+    fn mark_waiting_buckets_paced(&mut self) {
+        for bucket in &mut self.buckets {
+            if bucket.waiting_since.is_some() {
+                bucket.paced = true;
+            }
+        }
+    }
+
     fn intern_type(&mut self, task_type: &str) -> TypeId {
         if let Some(id) = self.type_ids.get(task_type) {
             return *id;
@@ -669,6 +689,13 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 
     /// `now` is only needed when the outcome feeds the breaker.
     fn release_running(&mut self, key: &K, outcome: Outcome, now: Option<Timestamp>) -> bool {
+        if self.running.len() >= self.effective_concurrency() as usize
+            && self.running.contains_key(key)
+        {
+            // A slot frees in a full queue: a caller that asks `next` only after slots free never
+            // sees it full, yet the dispatch that follows waited for this slot.
+            self.mark_waiting_buckets_paced();
+        }
         let Some(entry) = self.running.remove(key) else {
             return false;
         };
@@ -1299,6 +1326,48 @@ mod tests {
             .and_then(|e| e.per_minute)
             .expect("a rate");
         assert!((per_minute - 60.0).abs() < 1.0, "{per_minute}");
+    }
+
+    #[test]
+    fn grants_that_fill_free_slots_are_not_a_rate() {
+        let mut dispatcher = Dispatcher::new(QueueConfig {
+            concurrency: 0,
+            ..QueueConfig::default()
+        });
+        for key in 0..300u32 {
+            dispatcher.upsert(key, task(Priority::Low, "a", t(0), 1));
+        }
+        let mut now = t(10);
+        assert_eq!(dispatcher.next(now), None);
+        let mut open = dispatcher.config().clone();
+        open.concurrency = 30;
+        dispatcher.set_config(open, now);
+        // The 30 free slots are filled a millisecond apart, as a caller asking with the clock of
+        // each call does...
+        let mut running = std::collections::VecDeque::new();
+        for _ in 0..30 {
+            running.push_back(dispatcher.next(now).expect("a free slot"));
+            now += SignedDuration::from_millis(1);
+        }
+        assert_eq!(dispatcher.next(now), None);
+        // ... then a slot frees every 500 ms and is granted at once.
+        for _ in 0..10 {
+            now += SignedDuration::from_millis(500);
+            let done = running.pop_front().expect("running");
+            dispatcher.finished(&done, Outcome::Succeeded, now);
+            running.push_back(dispatcher.next(now).expect("the freed slot"));
+            assert_eq!(dispatcher.next(now), None);
+        }
+        let estimate = dispatcher.estimate(&299, now).expect("pending");
+        assert_eq!(estimate.position, 260);
+        let per_minute = estimate.per_minute.expect("a rate");
+        assert!((per_minute - 120.0).abs() < 1.0, "{per_minute}");
+        let start = estimate.start.expect("a start");
+        let expected = now + SignedDuration::from_secs(130);
+        assert!(
+            start.duration_since(expected).abs() < SignedDuration::from_secs(1),
+            "{start} vs {expected}"
+        );
     }
 
     #[test]
