@@ -736,6 +736,7 @@ fn queued_message(task: &AxTask) -> String {
 }
 
 #[tokio::test]
+#[ignore = "timing-dependent: the rate it builds assumes a worker's start-up is small beside its 15 s of work, which a busy 2-CPU node breaks (run it alone: cargo test --test e2e_capacity -- --ignored estimated)"]
 async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     let client = client().await;
     let ns = namespace(&client, "estimate").await;

@@ -264,7 +264,8 @@ async fn worker_deleted_by_hand_is_retried_without_using_a_retry() {
 async fn start_after_delays_the_first_dispatch() {
     let client = client().await;
     let ns = namespace(&client, "delayed").await;
-    let start = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(8);
+    // Far enough ahead that a busy operator still sees the task (and says Delayed) before it.
+    let start = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(25);
     let start_text = start.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let task = example("delayed.yaml", "nightly", |v| {
         v["spec"]["startAfter"] = start_text.clone().into()

@@ -23,6 +23,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::write::{ApiError, api_message};
 use super::{Error, FIELD_MANAGER, Result, cache};
 use crate::api::{
     ANNOTATION_CATCH_UP, AxCron, AxCronStatus, AxDag, AxTask, Condition, DagPhase, LABEL_CRON,
@@ -470,7 +471,11 @@ where
             debug!(child = firing.name, "child created");
             Ok(Created::Yes)
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => match api.get_opt(&firing.name).await? {
+        Err(e) if ApiError::of(&e) == ApiError::AlreadyExists => match api
+            .get_opt(&firing.name)
+            .await
+            .map_err(|e| Error::Read("the existing child", e))?
+        {
             // Deleted in between (history limit): it was there, the time was handled.
             None => Ok(Created::Existed),
             Some(existing) if is_controlled_by(&existing, uid) => Ok(Created::Existed),
@@ -479,13 +484,13 @@ where
                 firing.name, firing.scheduled
             ))),
         },
-        Err(kube::Error::Api(e)) if e.code == 400 || e.code == 422 => {
-            Ok(Created::Rejected(format!(
-                "the API server refused child {} for {}: {}",
-                firing.name, firing.scheduled, e.message
-            )))
-        }
-        Err(e) => Err(e.into()),
+        Err(e) if ApiError::of(&e) == ApiError::Invalid => Ok(Created::Rejected(format!(
+            "the API server refused child {} for {}: {}",
+            firing.name,
+            firing.scheduled,
+            api_message(&e)
+        ))),
+        Err(e) => Err(Error::CreateChild(e)),
     }
 }
 
@@ -535,8 +540,8 @@ async fn cancel_replaced(
                     ctx,
                 );
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+            Err(e) if ApiError::of(&e) == ApiError::NotFound => {}
+            Err(e) => return Err(Error::UpdateChild(e)),
         }
     }
     Ok(())
@@ -604,8 +609,8 @@ async fn delete_beyond_history(
                     ctx,
                 );
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+            Err(e) if ApiError::of(&e) == ApiError::NotFound => {}
+            Err(e) => return Err(Error::DeleteChild(e)),
         }
     }
     children.retain(|c| !delete.contains(&c.name));
@@ -733,11 +738,11 @@ async fn write_status(
         .await
     {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+        Err(e) if matches!(ApiError::of(&e), ApiError::Conflict | ApiError::NotFound) => {
             debug!("cron status write conflicted; deciding again on the newer version");
             Ok(false)
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(Error::WriteStatus(e)),
     }
 }
 
@@ -837,9 +842,11 @@ fn publish(cron: &AxCron, type_: EventType, reason: &str, note: &str, ctx: &Cron
 }
 
 pub fn error_policy(cron: Arc<AxCron>, error: &Error, ctx: CronCtx) -> Requeue {
-    ctx.metrics.reconcile_error(CONTROLLER);
-    warn!(namespace = cron.namespace(), name = cron.name_any(), %error, "cron reconcile failed");
-    Requeue::requeue(Duration::from_secs(2))
+    let category = error.category();
+    ctx.metrics
+        .reconcile_error(CONTROLLER, error.step(), category.as_str());
+    warn!(namespace = cron.namespace(), name = cron.name_any(), %error, category = category.as_str(), "cron reconcile failed");
+    Requeue::requeue(category.retry_after())
 }
 
 #[cfg(test)]

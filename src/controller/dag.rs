@@ -364,7 +364,9 @@ async fn start_rerun(
                     field_manager: Some(FIELD_MANAGER.into()),
                     ..Default::default()
                 };
-                api.patch(&child.name_any(), &params, &patch).await?;
+                api.patch(&child.name_any(), &params, &patch)
+                    .await
+                    .map_err(Error::UpdateChild)?;
                 asked.insert(task.clone());
             }
             Some(_) => {}
@@ -430,7 +432,11 @@ async fn create_child(
         }
         // Created before (by an earlier run of the operator, or by this one on a lagging cache).
         Err(e) if ApiError::of(&e) == ApiError::AlreadyExists => {
-            match api.get_opt(child_name).await? {
+            match api
+                .get_opt(child_name)
+                .await
+                .map_err(|e| Error::Read("the existing child", e))?
+            {
                 Some(existing) if is_controlled_by(&existing, uid) => Ok(Created::Yes),
                 // Deleted in between: the next reconcile creates it.
                 None => Ok(Created::Yes),
@@ -446,7 +452,7 @@ async fn create_child(
                 }
             }
         }
-        Err(e) => Err(e.into()),
+        Err(e) => Err(Error::CreateChild(e)),
     }
 }
 
@@ -480,7 +486,7 @@ async fn cancel_children<'a>(
         match api.patch(&child.name_any(), &params, &patch).await {
             Ok(_) => debug!(child = child.name_any(), "child canceled"),
             Err(e) if ApiError::of(&e) == ApiError::NotFound => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(Error::UpdateChild(e)),
         }
     }
     Ok(())
@@ -556,9 +562,11 @@ fn publish(dag: &AxDag, type_: EventType, reason: &str, note: &str, ctx: &DagCtx
 }
 
 pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: DagCtx) -> Requeue {
-    ctx.metrics.reconcile_error(CONTROLLER);
-    warn!(namespace = dag.namespace(), name = dag.name_any(), %error, "dag reconcile failed");
-    Requeue::requeue(Duration::from_secs(2))
+    let category = error.category();
+    ctx.metrics
+        .reconcile_error(CONTROLLER, error.step(), category.as_str());
+    warn!(namespace = dag.namespace(), name = dag.name_any(), %error, category = category.as_str(), "dag reconcile failed");
+    Requeue::requeue(category.retry_after())
 }
 
 #[cfg(test)]

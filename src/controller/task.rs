@@ -245,7 +245,7 @@ async fn apply(
                 if let Err(e) = api.delete(&key.1, &DeleteParams::background()).await
                     && ApiError::of(&e) != ApiError::NotFound
                 {
-                    return Err(e.into());
+                    return Err(Error::DeleteTask(e));
                 }
             }
         }
@@ -316,7 +316,11 @@ async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> 
         // path (a restart, an expectation that ran out) gets here: a dispatch builds its pod from
         // the whole task its status write returned.
         let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
-        match api.get_opt(&task.name_any()).await? {
+        match api
+            .get_opt(&task.name_any())
+            .await
+            .map_err(|e| Error::Read("the task", e))?
+        {
             Some(fresh) => {
                 full = fresh;
                 &full
@@ -355,7 +359,11 @@ async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> 
         }
         Err(e) => match ApiError::of(&e) {
             // Created before the cache could show it (a reconcile of a restarted operator).
-            ApiError::AlreadyExists => match api.get_opt(&name).await? {
+            ApiError::AlreadyExists => match api
+                .get_opt(&name)
+                .await
+                .map_err(|e| Error::Read("the existing pod", e))?
+            {
                 Some(existing)
                     if existing
                         .owner_references()
@@ -382,7 +390,7 @@ async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> 
                 warn!(pod = name, error = %api_message(&e), "worker pod rejected as invalid");
                 Ok(Created::Refused(Refusal::Invalid(api_message(&e))))
             }
-            _ => Err(e.into()),
+            _ => Err(Error::CreatePod(e)),
         },
     }
 }
@@ -423,7 +431,7 @@ async fn kill_pod(
             Ok(_) => {}
             // Gone, or another pod by now: nothing to keep.
             Err(e) if matches!(ApiError::of(&e), ApiError::NotFound | ApiError::Invalid) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(Error::DeletePod(e)),
         }
     }
     let params = DeleteParams {
@@ -440,7 +448,7 @@ async fn kill_pod(
             Ok(())
         }
         Err(e) if matches!(ApiError::of(&e), ApiError::NotFound | ApiError::Conflict) => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(Error::DeletePod(e)),
     }
 }
 
@@ -523,7 +531,9 @@ fn publish(task: &AxTask, type_: EventType, reason: &str, note: &str, ctx: &Ctx)
 }
 
 pub fn error_policy(task: Arc<AxTask>, error: &Error, ctx: Ctx) -> Requeue {
-    ctx.metrics.reconcile_error("axtask");
-    warn!(namespace = task.namespace(), name = task.name_any(), %error, "reconcile failed");
-    Requeue::requeue(Duration::from_secs(2))
+    let category = error.category();
+    ctx.metrics
+        .reconcile_error("axtask", error.step(), category.as_str());
+    warn!(namespace = task.namespace(), name = task.name_any(), %error, category = category.as_str(), "reconcile failed");
+    Requeue::requeue(category.retry_after())
 }

@@ -50,10 +50,7 @@ impl ApiError {
     }
 
     pub fn of_result(error: &Error) -> ApiError {
-        match error {
-            Error::Kube(e) => ApiError::of(e),
-            _ => ApiError::Other,
-        }
+        error.api().map_or(ApiError::Other, ApiError::of)
     }
 }
 
@@ -86,7 +83,9 @@ pub async fn task_status(client: &Client, task: &AxTask, status: &AxTaskStatus) 
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
-    Ok(api.replace_status(&task.name_any(), &params, &body).await?)
+    api.replace_status(&task.name_any(), &params, &body)
+        .await
+        .map_err(Error::WriteStatus)
 }
 
 /// Writes a DAG's whole status, conditional on the resourceVersion like [`task_status`].
@@ -100,9 +99,9 @@ pub async fn dag_status(client: &Client, dag: &AxDag, status: &AxDagStatus) -> R
         "status": status,
     });
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    Ok(api
-        .patch_status(&dag.name_any(), &params, &Patch::Apply(&patch))
-        .await?)
+    api.patch_status(&dag.name_any(), &params, &Patch::Apply(&patch))
+        .await
+        .map_err(Error::WriteStatus)
 }
 
 /// Applies a queue's status (the queue status loop is its only writer, so no precondition).
@@ -119,7 +118,8 @@ pub async fn queue_status(client: &Client, name: &str, status: &AxQueueStatus) -
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(&patch),
     )
-    .await?;
+    .await
+    .map_err(Error::WriteStatus)?;
     Ok(())
 }
 
@@ -151,7 +151,7 @@ where
         Ok(_) => Ok(()),
         // Gone, or the list changed since the copy (its next event brings a fresh one).
         Err(e) if matches!(ApiError::of(&e), ApiError::NotFound | ApiError::Invalid) => Ok(()),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(Error::RemoveFinalizer(e)),
     }
 }
 

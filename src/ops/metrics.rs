@@ -85,6 +85,15 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileErrorLabels {
+    pub controller: String,
+    /// The step that failed (`write_status`, `create_pod`, ...).
+    pub step: String,
+    /// `invalid_object`, `throttled`, `stale`, `forbidden` or `transient`.
+    pub category: String,
+}
+
 /// A gauge family whose whole content is recomputed from a snapshot: series missing from the
 /// latest snapshot are removed, so a phase that emptied disappears instead of keeping its old count.
 #[derive(Debug)]
@@ -143,7 +152,7 @@ pub struct Metrics {
     queue_effective_concurrency: SnapshotGauges<QueueLabels>,
     circuit_open: Family<CircuitLabels, Gauge>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
-    reconcile_errors: Family<ControllerLabels, Counter>,
+    reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     leader: Gauge,
 }
 
@@ -257,7 +266,7 @@ impl Metrics {
         );
         r.register(
             "ax_reconcile_errors",
-            "Reconciles that returned an error, by controller",
+            "Reconciles that returned an error, by controller, failed step and error category",
             self.reconcile_errors.clone(),
         );
         r.register(
@@ -420,11 +429,13 @@ impl Metrics {
         }
     }
 
-    /// A reconcile of `controller` returned an error.
-    pub fn reconcile_error(&self, controller: &str) {
+    /// A reconcile of `controller` failed at `step` with an error of `category`.
+    pub fn reconcile_error(&self, controller: &str, step: &str, category: &str) {
         self.reconcile_errors
-            .get_or_create(&ControllerLabels {
+            .get_or_create(&ReconcileErrorLabels {
                 controller: controller.to_owned(),
+                step: step.to_owned(),
+                category: category.to_owned(),
             })
             .inc();
     }
@@ -484,7 +495,7 @@ mod tests {
         metrics.set_queue_effective_concurrency([("default", 4)]);
         metrics.set_circuit_open("default", "resize", true);
         drop(metrics.reconcile_timer("axtask"));
-        metrics.reconcile_error("axtask");
+        metrics.reconcile_error("axtask", "write_status", "stale");
         metrics.set_leader(true);
         let text = metrics.encode().expect("encode");
 
@@ -524,7 +535,7 @@ mod tests {
             r#"ax_queue_effective_concurrency{queue="default"}"#,
             r#"ax_circuit_open{queue="default",type="resize"}"#,
             r#"ax_reconcile_duration_seconds_count{controller="axtask"}"#,
-            r#"ax_reconcile_errors_total{controller="axtask"}"#,
+            r#"ax_reconcile_errors_total{controller="axtask",step="write_status",category="stale"}"#,
             "ax_leader",
         ] {
             assert!(
@@ -711,7 +722,7 @@ mod tests {
         metrics.transition("Pending", "Scheduled");
         metrics.transition("Pending", "Scheduled");
         metrics.transition("Scheduled", "Running");
-        metrics.reconcile_error("axtask");
+        metrics.reconcile_error("axtask", "write_status", "stale");
         metrics.set_leader(true);
         metrics.set_leader(false);
         let text = metrics.encode().expect("encode");
@@ -731,7 +742,10 @@ mod tests {
             Some(1.0)
         );
         assert_eq!(
-            sample(&text, r#"ax_reconcile_errors_total{controller="axtask"}"#),
+            sample(
+                &text,
+                r#"ax_reconcile_errors_total{controller="axtask",step="write_status",category="stale"}"#
+            ),
             Some(1.0)
         );
         assert_eq!(sample(&text, "ax_leader"), Some(0.0));

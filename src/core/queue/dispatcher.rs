@@ -158,6 +158,10 @@ struct Bucket<K> {
     /// its tasks held): until then its dispatches fill slots that were free and say nothing of the
     /// pace at which slots free up, so they are not measured.
     paced: bool,
+    /// Whether a paced dispatch has happened since: the interval before the first one is how long
+    /// the quickest worker took from its grant (the pipeline's latency), not the pace, so
+    /// measurement starts at it.
+    measuring: bool,
 }
 
 impl<K> Default for Bucket<K> {
@@ -170,6 +174,7 @@ impl<K> Default for Bucket<K> {
             rate: DispatchRate::default(),
             waiting_since: None,
             paced: false,
+            measuring: false,
         }
     }
 }
@@ -434,6 +439,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
                 // Empty or paused: the next dispatch starts a new measurement.
                 bucket.waiting_since = None;
                 bucket.paced = false;
+                bucket.measuring = false;
             } else if bucket.waiting_since.is_none() {
                 bucket.waiting_since = Some(now);
             }
@@ -450,13 +456,15 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         bucket.remove(lane, queued_at, &key);
         let interval = bucket
             .open_since()
-            .filter(|_| bucket.paced)
+            .filter(|_| bucket.measuring)
             .map(|since| now.duration_since(since));
         bucket.rate.record(now, interval);
+        bucket.measuring = bucket.paced;
         bucket.dispatched += 1;
         if bucket.len == 0 {
             bucket.waiting_since = None;
             bucket.paced = false;
+            bucket.measuring = false;
         }
         self.pending.remove(&key);
         let state = &mut self.types[lane.type_id];
@@ -1350,6 +1358,8 @@ mod tests {
             now += SignedDuration::from_millis(1);
         }
         assert_eq!(dispatcher.next(now), None);
+        // ... the quickest worker takes 8 s from its grant to its end (its start-up included)...
+        now += SignedDuration::from_millis(7500);
         // ... then a slot frees every 500 ms and is granted at once.
         for _ in 0..10 {
             now += SignedDuration::from_millis(500);
@@ -1358,6 +1368,7 @@ mod tests {
             running.push_back(dispatcher.next(now).expect("the freed slot"));
             assert_eq!(dispatcher.next(now), None);
         }
+        // Neither the fill-up nor the wait for the first worker to end is the pace.
         let estimate = dispatcher.estimate(&299, now).expect("pending");
         assert_eq!(estimate.position, 260);
         let per_minute = estimate.per_minute.expect("a rate");

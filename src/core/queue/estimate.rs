@@ -6,7 +6,8 @@
 //! weighted by their age (time constant [`RATE_TIME_CONSTANT`]): every interval counts the same
 //! whatever its length, so a burst of grants (many slots freed at once) reads as the rate it is.
 //! Only intervals during which the bucket had tasks waiting are measured; the first dispatch after
-//! the bucket was empty or the queue paused starts a new measurement. For a constant rate the mean
+//! the bucket was empty or the queue paused starts a new measurement, and the dispatcher leaves out
+//! the grants that fill free slots and the wait for the first slot to free (see `dispatcher`). For a constant rate the mean
 //! is the exact interval, and the task at position p starts p intervals after the last dispatch.
 //! A wait since the last dispatch longer than the mean counts as one more (unfinished) interval, so
 //! a stalled bucket's estimates move out instead of standing still; nothing dispatched for
