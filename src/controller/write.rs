@@ -168,6 +168,48 @@ mod tests {
     }
 
     #[test]
+    fn reconcile_errors_are_categorised_by_status_and_retried_accordingly() {
+        use crate::controller::ErrorCategory;
+        let cases = [
+            (
+                Error::WriteStatus(api_error(409, "Conflict")),
+                ErrorCategory::Stale,
+            ),
+            (
+                Error::DeletePod(api_error(404, "NotFound")),
+                ErrorCategory::Stale,
+            ),
+            (
+                Error::CreatePod(api_error(429, "TooManyRequests")),
+                ErrorCategory::Throttled,
+            ),
+            (
+                Error::CreateChild(api_error(500, "InternalError")),
+                ErrorCategory::Throttled,
+            ),
+            (
+                Error::UpdateChild(api_error(403, "Forbidden")),
+                ErrorCategory::Forbidden,
+            ),
+            (
+                Error::CreatePod(api_error(422, "Invalid")),
+                ErrorCategory::InvalidObject,
+            ),
+            (Error::Incomplete("namespace"), ErrorCategory::InvalidObject),
+            (
+                Error::RemoveFinalizer(api_error(418, "Teapot")),
+                ErrorCategory::Transient,
+            ),
+        ];
+        for (error, category) in cases {
+            assert_eq!(error.category(), category, "{error}");
+        }
+        assert_eq!(Error::CreatePod(api_error(429, "x")).step(), "create_pod");
+        // A busy API server is given longer than a conflict, which its next event resolves.
+        assert!(ErrorCategory::Throttled.retry_after() > ErrorCategory::Stale.retry_after());
+    }
+
+    #[test]
     fn status_codes_mean_what_the_api_conventions_say() {
         assert_eq!(
             ApiError::of(&api_error(409, "AlreadyExists")),
