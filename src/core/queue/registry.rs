@@ -26,9 +26,6 @@ use crate::api::{AxQueue, AxQueueSpec, AxTask, AxTaskSpec, AxTaskStatus, Priorit
 /// Namespace and name of a task.
 pub type TaskKey = (String, String);
 
-/// The labels of a namespace not seen (yet): none.
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
-
 /// Whether a queue's tasks may be dispatched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Availability {
@@ -130,13 +127,15 @@ impl QueueEntry {
             && self.forbidden == 0
     }
 
-    /// Whether tasks of a namespace with these labels may be dispatched from this queue. Only a
-    /// spec in force selects: tasks of a missing or never valid queue wait for that reason.
-    fn admits(&self, labels: &BTreeMap<String, String>) -> bool {
+    /// Whether tasks of a namespace with these labels (`None`: not seen yet) may be dispatched
+    /// from this queue. Only a spec in force selects: tasks of a missing or never valid queue wait
+    /// for that reason. A selector admits no namespace whose labels are unknown, even one that
+    /// would select no labels (`NotIn`, `DoesNotExist`): its real labels may exclude it.
+    fn admits(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
         let selector = &self.dispatcher.config().namespace_selector;
         self.availability != Availability::Active
             || selector.selects_everything()
-            || selector.matches(labels)
+            || labels.is_some_and(|labels| selector.matches(labels))
     }
 }
 
@@ -330,7 +329,7 @@ impl Registry {
     /// queue's dispatcher, or outside it when the queue does not admit its namespace.
     pub fn upsert(&mut self, key: &TaskKey, queue: &str, task: PendingTask) {
         self.detach_if_moved(key, queue);
-        let labels = self.namespaces.get(&key.0).unwrap_or(&NO_LABELS);
+        let labels = self.namespaces.get(&key.0);
         let entry = self
             .queues
             .entry(queue.to_string())
@@ -480,9 +479,15 @@ impl Registry {
             ),
             Availability::Active if task.place.is_forbidden() => (
                 HeldReason::QueueForbidden,
-                format!(
-                    "namespace {namespace} is not selected by the namespaceSelector of AxQueue {q}"
-                ),
+                if self.namespaces.contains_key(namespace) {
+                    format!(
+                        "namespace {namespace} is not selected by the namespaceSelector of AxQueue {q}"
+                    )
+                } else {
+                    format!(
+                        "the labels of namespace {namespace} are not known yet; the namespaceSelector of AxQueue {q} admits it only once they match"
+                    )
+                },
                 None,
             ),
             Availability::Active => {
@@ -704,7 +709,7 @@ impl Registry {
                 continue;
             };
             let queue = task.queue.clone();
-            let labels = self.namespaces.get(&key.0).unwrap_or(&NO_LABELS);
+            let labels = self.namespaces.get(&key.0);
             let Some(entry) = self.queues.get_mut(&queue) else {
                 continue;
             };

@@ -652,11 +652,12 @@ fn editing_the_selector_applies_at_once() {
     assert_eq!(registry.reports(t(1))[0].forbidden, 1);
     assert_eq!(registry.next(t(1)).map(|(k, _)| k), Some(in_ns("b", "y")));
     assert_eq!(registry.next(t(1)), None);
-    // An unknown namespace has no labels: a selector with an Exists clause does not select it.
+    // A namespace whose labels are not known yet is not admitted, even by a selector that selects
+    // no labels: its real ones may exclude it.
     let mut spec = selecting("b", 10);
     spec.namespace_selector = Some(
         serde_json::from_value(serde_json::json!({
-            "matchExpressions": [{"key": "team", "operator": "Exists"}],
+            "matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["b"]}],
         }))
         .expect("a selector"),
     );
@@ -664,10 +665,24 @@ fn editing_the_selector_applies_at_once() {
     registry.upsert(&in_ns("new", "z"), "q", pending_in("new", "x", 2));
     assert_eq!(registry.next(t(2)).map(|(k, _)| k), Some(in_ns("a", "x")));
     assert_eq!(registry.next(t(2)), None);
+    let (reason, message) = registry
+        .held_reason(&in_ns("new", "z"), t(2))
+        .expect("held");
+    assert_eq!(reason, HeldReason::QueueForbidden);
+    assert!(message.contains("not known yet"), "{message}");
+    // Seen, without labels: NotIn selects it.
+    assert_eq!(registry.namespace_labels("new", Some(BTreeMap::new())), 1);
+    assert_eq!(registry.next(t(2)).map(|(k, _)| k), Some(in_ns("new", "z")));
+    registry.upsert(&in_ns("new", "later"), "q", pending_in("new", "x", 3));
+    registry.namespace_labels("new", team("b"));
+    assert_eq!(registry.next(t(3)), None);
     // Back to no selector: everyone is in.
     registry.configure(&queue("q", AxQueueSpec::default(), None), t(3));
     assert_eq!(registry.reports(t(3))[0].forbidden, 0);
-    assert_eq!(registry.next(t(3)).map(|(k, _)| k), Some(in_ns("new", "z")));
+    assert_eq!(
+        registry.next(t(3)).map(|(k, _)| k),
+        Some(in_ns("new", "later"))
+    );
 }
 
 #[test]
