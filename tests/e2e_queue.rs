@@ -1,7 +1,7 @@
 //! AxQueues on the real cluster, with the operator started by e2e/run-tests.sh: priority shares,
 //! circuit breakers, live edits, invalid specs, missing queues and the namespaces a queue admits.
-//! Workers run on simulated nodes (e2e/sim), so hundreds of tasks finish in seconds. Every test uses its own AxQueue (they are
-//! cluster-scoped), so tests running side by side do not share limits.
+//! Workers run on simulated nodes (e2e/sim), so hundreds of tasks finish in seconds. Every test uses
+//! its own AxQueue (they are cluster-scoped), so tests running side by side do not share limits.
 
 mod common;
 
