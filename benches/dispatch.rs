@@ -16,6 +16,7 @@ const TYPES: u64 = 50;
 fn task_of(key: u64, queued_at: Timestamp) -> PendingTask {
     PendingTask {
         priority: Priority::ALL[(key % 4) as usize],
+        namespace: "bench".to_string(),
         task_type: format!("type-{}", key % TYPES),
         queued_at,
         // Every tenth task is a retry and takes a token.

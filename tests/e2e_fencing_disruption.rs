@@ -105,6 +105,7 @@ rules:
   - {apiGroups: [ax.dev], resources: [axtasks/finalizers], verbs: [update]}
   - {apiGroups: [""], resources: [pods], verbs: [get, list, watch, create, patch]}
   - {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}
+  - {apiGroups: [""], resources: [namespaces], verbs: [get, list, watch]}
   - {apiGroups: ["", events.k8s.io], resources: [events], verbs: [create, patch]}
   - {apiGroups: [coordination.k8s.io], resources: [leases], verbs: [get, create, update, patch]}
 ---

@@ -448,6 +448,8 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
         &["delete", "pods", "-n", "default"],
         &["watch", "pods", "--all-namespaces"],
         &["list", "nodes"],
+        // An AxQueue's namespaceSelector reads namespace labels.
+        &["watch", "namespaces"],
         &["create", "events.events.k8s.io", "-n", "default"],
         &["update", "leases.coordination.k8s.io", "-n", &ns],
         &["create", "leases.coordination.k8s.io", "-n", &ns],
@@ -460,6 +462,8 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
         &["get", "configmaps", "-n", &ns],
         &["create", "pods", "--subresource=exec", "-n", "default"],
         &["delete", "nodes"],
+        &["patch", "namespaces"],
+        &["delete", "namespaces"],
         // The Lease is written by replace over the version read, never patched.
         &["patch", "leases.coordination.k8s.io", "-n", &ns],
         &[

@@ -1,7 +1,7 @@
 //! AxQueues on the real cluster, with the operator started by e2e/run-tests.sh: priority shares,
-//! circuit breakers, live edits, invalid specs and missing queues. Workers run on simulated nodes
-//! (e2e/sim), so hundreds of tasks finish in seconds. Every test uses its own AxQueue (they are
-//! cluster-scoped), so tests running side by side do not share limits.
+//! circuit breakers, live edits, invalid specs, missing queues and the namespaces a queue admits.
+//! Workers run on simulated nodes (e2e/sim), so hundreds of tasks finish in seconds. Every test uses
+//! its own AxQueue (they are cluster-scoped), so tests running side by side do not share limits.
 
 mod common;
 
@@ -13,6 +13,7 @@ use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use futures::StreamExt;
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -674,6 +675,85 @@ async fn a_task_naming_a_missing_queue_waits_until_the_queue_exists() {
     wait_phase(&client, &ns, "orphan", TaskPhase::Succeeded, LONG).await;
     wait_queue(&client, &name, LONG, "one dispatched", |q| {
         q.status.as_ref().is_some_and(|s| s.dispatched == 1)
+    })
+    .await;
+}
+
+/// Namespaces of one test, deleted when it ends (also when it fails).
+struct TestNamespaces(Vec<String>);
+
+impl Drop for TestNamespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            run_kubectl(&["delete", "namespace", ns, "--wait=false"], None);
+        }
+    }
+}
+
+async fn label_namespace(client: &Client, ns: &str, key: &str, value: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    api.patch(
+        ns,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+    )
+    .await
+    .expect("label namespace");
+}
+
+#[tokio::test]
+async fn a_queue_selects_the_namespaces_that_may_use_it() {
+    const TEAM_LABEL: &str = "ax-e2e-team";
+    let client = client().await;
+    let team = format!("a-{:04x}", rand::random::<u16>());
+    let queue = create_queue(
+        &client,
+        "teams",
+        json!({"namespaceSelector": {"matchLabels": {TEAM_LABEL: team}}}),
+    )
+    .await;
+    let selected = namespace(&client, "q-team-a").await;
+    let other = namespace(&client, "q-team-b").await;
+    let _namespaces = TestNamespaces(vec![selected.clone(), other.clone()]);
+    label_namespace(&client, &selected, TEAM_LABEL, &team).await;
+
+    let task = |name: &str| sim_task(name, &queue.name, Priority::Normal, "team-work", 100, 0);
+    create_all(&client, &other, vec![task("theirs")]).await;
+    create_all(&client, &selected, vec![task("mine")]).await;
+    wait_phase(&client, &selected, "mine", TaskPhase::Succeeded, LONG).await;
+
+    // The other namespace's task waits, says why, and was never dispatched.
+    let waiting = wait_task(&client, &other, "theirs", LONG, |t| {
+        queued_reason(t).as_deref() == Some("QueueForbidden")
+    })
+    .await;
+    assert_eq!(phase(&waiting), Some(TaskPhase::Pending));
+    let status = waiting.status.clone().expect("status");
+    assert_eq!(status.attempt, 0, "dispatched though forbidden: {status:?}");
+    let message = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Queued")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&queue.name) && message.contains(&other),
+        "the Queued message names the queue and the namespace: {message}"
+    );
+    wait_queue(&client, &queue.name, LONG, "one forbidden task", |q| {
+        q.status
+            .as_ref()
+            .is_some_and(|s| s.forbidden == 1 && s.dispatched == 1)
+    })
+    .await;
+
+    // Labelled to match: it runs, without a restart.
+    label_namespace(&client, &other, TEAM_LABEL, &team).await;
+    wait_phase(&client, &other, "theirs", TaskPhase::Succeeded, LONG).await;
+    wait_queue(&client, &queue.name, LONG, "nothing forbidden", |q| {
+        q.status
+            .as_ref()
+            .is_some_and(|s| s.forbidden == 0 && s.dispatched == 2)
     })
     .await;
 }

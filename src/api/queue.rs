@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -58,7 +59,8 @@ pub struct AxQueueSpec {
     #[schemars(range(min = 0, max = 1000000))]
     pub retry_rate_per_minute: i32,
 
-    /// One breaker per task type, with these thresholds.
+    /// One breaker per namespace and task type, with these thresholds (teams sharing the queue do
+    /// not open each other's circuits).
     #[serde(default)]
     pub circuit_breaker: CircuitBreakerSpec,
 
@@ -73,6 +75,12 @@ pub struct AxQueueSpec {
     /// `concurrency`, and raises it again as pods are placed.
     #[serde(default, skip_serializing_if = "QueueConcurrencyPolicy::is_default")]
     pub concurrency_policy: QueueConcurrencyPolicy,
+
+    /// Which namespaces may use this queue: a label selector over namespaces; absent or empty, all
+    /// of them. A task in a namespace it does not select waits (Pending, `Queued` reason
+    /// `QueueForbidden`) and holds no slot until its namespace is labelled to match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
 }
 
 impl Default for AxQueueSpec {
@@ -86,6 +94,7 @@ impl Default for AxQueueSpec {
             circuit_breaker: CircuitBreakerSpec::default(),
             weight_schedule: Vec::new(),
             concurrency_policy: QueueConcurrencyPolicy::default(),
+            namespace_selector: None,
         }
     }
 }
@@ -184,7 +193,7 @@ fn max_wait_low() -> i64 {
     120
 }
 
-/// Thresholds of the per-type circuit breakers.
+/// Thresholds of the circuit breakers (one per namespace and task type).
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CircuitBreakerSpec {
@@ -200,7 +209,7 @@ pub struct CircuitBreakerSpec {
     #[serde(default = "breaker_failure_ratio")]
     #[schemars(range(min = 0.0, max = 1.0))]
     pub failure_ratio: f64,
-    /// How long an open breaker holds its type before one probe is let through.
+    /// How long an open breaker holds its tasks before one probe is let through.
     #[serde(default = "breaker_open_seconds")]
     #[schemars(range(min = 1, max = 86400))]
     pub open_seconds: i64,
@@ -330,10 +339,11 @@ pub struct AxQueueStatus {
     /// Tasks Scheduled or Running.
     #[serde(default)]
     pub running: i64,
-    /// Task types whose circuit is open or half-open.
+    /// Task types whose circuit is open or half-open, in at least one namespace (breakers are per
+    /// namespace and type; `circuits` says which).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub open_circuits: Vec<String>,
-    /// The breaker of each type in `openCircuits`: open until when, or half-open.
+    /// Each breaker not closed, per namespace and type: open until when, or half-open.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub circuits: Vec<CircuitStatus>,
     /// Length of `openCircuits`, for `kubectl get`.
@@ -345,6 +355,10 @@ pub struct AxQueueStatus {
     /// Tasks of this queue that went Dead, in all.
     #[serde(default)]
     pub dead: i64,
+    /// Tasks waiting because `namespaceSelector` does not select their namespace (`QueueForbidden`;
+    /// not counted in `pending`).
+    #[serde(default)]
+    pub forbidden: i64,
     /// Retry tokens available (`retryRatePerMinute`'s bucket) when the status was written.
     #[serde(default)]
     pub retry_tokens: i64,
@@ -404,10 +418,13 @@ pub struct ConcurrencyChange {
     pub message: String,
 }
 
-/// One circuit breaker that is not closed.
+/// One circuit breaker that is not closed: that of the tasks of one type in one namespace.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CircuitStatus {
+    /// The namespace whose tasks it holds.
+    #[serde(default)]
+    pub namespace: String,
     /// The task type.
     #[serde(rename = "type")]
     pub task_type: String,

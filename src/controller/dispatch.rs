@@ -56,12 +56,15 @@ pub async fn run(ctx: Ctx) {
     }
 }
 
-/// Before the first dispatch: wait for the caches, apply every AxQueue, and count the tasks with an
+/// Before the first dispatch: wait for the caches, apply every AxQueue and every namespace's labels
+/// (so no task is let in by a selector before its namespace is known), and count the tasks with an
 /// attempt in flight as holding their slots, so no queue starts above its limits.
 async fn start(ctx: &Ctx) {
     super::cache_synced(&ctx.tasks).await;
     super::cache_synced(&ctx.queue_store).await;
+    super::cache_synced(&ctx.namespaces).await;
     super::queue::sync_from_store(ctx);
+    super::namespace::sync_from_store(ctx);
     let (holding, pending) = rebuild(&mut ctx.queues.lock(), &ctx.tasks.state(), Timestamp::now());
     info!(holding, pending, "queues rebuilt from the cache");
 }

@@ -5,6 +5,7 @@
 //!   when the dispatcher grants a slot (`dispatch`), so no two writers race on a task.
 //! - `dispatch`: asks the queues which tasks go next and wakes their reconciles.
 //! - `queue`: the AxQueue watcher, the queue status loop, the `default` queue, queue Events.
+//! - `namespace`: the Namespace watcher, for the queues' `namespaceSelector`.
 //! - `dag`: the AxDag reconciler. `callback`: delivery of `spec.callback`.
 //! - `write`: every status write and the reading of API status codes.
 //! - `run`: the wiring.
@@ -14,6 +15,7 @@ pub mod callback;
 pub mod cron;
 pub mod dag;
 pub mod dispatch;
+pub mod namespace;
 pub mod queue;
 pub mod run;
 pub mod task;
@@ -24,8 +26,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
@@ -170,6 +173,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub queue_store: Store<AxQueue>,
+    /// Namespaces, metadata only: their labels decide which tasks a queue admits.
+    pub namespaces: Store<PartialObjectMeta<Namespace>>,
     /// One dispatcher per AxQueue and where every task is.
     pub queues: Queues,
     /// Wakes the dispatch loop when a slot may have been freed or a task became eligible.

@@ -1,12 +1,14 @@
-//! Wiring: informers (reflectors) for tasks, their pods, nodes and queues, the AxTask controller,
-//! the dispatcher and the AxQueue watcher and status writer, running side by side.
+//! Wiring: informers (reflectors) for tasks, their pods, nodes, queues and namespaces (metadata
+//! only), the AxTask controller, the dispatcher and the AxQueue watcher and status writer, running
+//! side by side.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
@@ -15,7 +17,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
-use super::{Context, Queues, Tracking, cache, dispatch, queue, task};
+use super::{Context, Queues, Tracking, cache, dispatch, namespace, queue, task};
 use crate::api::{AxQueue, AxTask};
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
@@ -40,6 +42,8 @@ pub async fn run(
     let pods_api: Api<Pod> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
     let queues_api: Api<AxQueue> = Api::all(client.clone());
+    // An Api of PartialObjectMeta lists and watches metadata only.
+    let namespaces_api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
 
     // Listed from the API server's watch cache (`any_semantic`): a restart with 100,000 tasks is a
     // single list each, not a quorum read of etcd page by page.
@@ -68,6 +72,13 @@ pub async fn run(
         watcher(queues_api, watcher::Config::default().any_semantic()).default_backoff(),
     );
 
+    // Labels are all a queue's namespaceSelector reads.
+    let (namespaces, namespaces_writer) = reflector::store();
+    let namespace_events = reflector::reflector(
+        namespaces_writer,
+        watcher(namespaces_api, watcher::Config::default().any_semantic()).default_backoff(),
+    );
+
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
     let (wake, woken) = futures::channel::mpsc::unbounded();
     let (tasks, tasks_writer) = reflector::store();
@@ -92,6 +103,7 @@ pub async fn run(
         pods: pods.clone(),
         nodes: nodes.clone(),
         queue_store,
+        namespaces,
         queues: Queues::default(),
         dispatch_wanted: Notify::new(),
         wake,
@@ -120,6 +132,7 @@ pub async fn run(
         _ = controller_run => {}
         _ = dispatch::run(ctx.clone()) => {}
         _ = queue::watch(ctx.clone(), queue_events) => {}
+        _ = namespace::watch(ctx.clone(), namespace_events) => {}
         _ = queue::maintain(ctx.clone(), settings.default_queue_concurrency) => {}
         _ = count_tasks(ctx.clone()) => {}
         _ = super::dag::run(client.clone(), ctx.recorder.clone(), ctx.metrics.clone()) => {}
@@ -136,6 +149,7 @@ async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sende
     super::cache_synced(&ctx.pods).await;
     super::cache_synced(&ctx.nodes).await;
     super::cache_synced(&ctx.queue_store).await;
+    super::cache_synced(&ctx.namespaces).await;
     synced.send_replace(true);
 }
 

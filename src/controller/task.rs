@@ -119,7 +119,7 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
 /// was this task that got the slot; another task that got it is woken.
 fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
     let created = task.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let pending = pending_of(&task.spec, &decision.status, created);
+    let pending = pending_of(&key.0, &task.spec, &decision.status, created);
     let mut queues = ctx.queues.lock();
     queues.upsert(key, &task.spec.queue, pending);
     match queues.next(Timestamp::now()) {
@@ -275,7 +275,7 @@ fn update_queue(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) {
             queues.upsert(
                 key,
                 &spec.queue,
-                pending_of(spec, &decision.status, created),
+                pending_of(&key.0, spec, &decision.status, created),
             );
             true
         }

@@ -7,5 +7,6 @@ pub mod dag;
 pub mod egress;
 pub mod election;
 pub mod queue;
+pub mod selector;
 pub mod task;
 pub mod worker;

@@ -124,14 +124,16 @@ fn queue(q: &AxQueue, tasks: &[&AxTask], tasks_scope: &str, now: Timestamp) -> M
                 p.hint { "All closed (opens at a failure ratio of " (spec.circuit_breaker.failure_ratio) " over the last "
                     (spec.circuit_breaker.window_size) " outcomes, for " (spec.circuit_breaker.open_seconds) "s)." }
             } @else {
+                // Breakers are per (namespace, type): one line per namespace whose circuit is open.
                 ul.circuits { @for t in &status.open_circuits {
-                    @let detail = status.circuits.iter().find(|c| &c.task_type == t);
-                    li data-circuit=(t) { strong { (t) } ": "
-                        @match detail {
-                            Some(c) if c.state == "HalfOpen" => "half-open: one probe task may run",
-                            Some(c) => { "open"
+                    @let details: Vec<_> = status.circuits.iter().filter(|c| &c.task_type == t).collect();
+                    @if details.is_empty() { li data-circuit=(t) { strong { (t) } ": open" } }
+                    @for c in details {
+                        li data-circuit=(t) { strong { (t) }
+                            @if !c.namespace.is_empty() { " in " (c.namespace) }
+                            ": "
+                            @if c.state == "HalfOpen" { "half-open: one probe task may run" } @else { "open"
                                 @if let Some(at) = c.reopens_at { ", lets a probe through " (when(now, at)) } }
-                            None => "open",
                         }
                     }
                 } }
@@ -175,7 +177,7 @@ mod tests {
             "metadata": {"name": "batch"},
             "spec": {"concurrency": 4, "typeConcurrency": {"report": 1}, "weightSchedule": schedule},
             "status": {"pending": {"high": 2}, "running": 3, "openCircuits": ["mail"],
-                       "circuits": [{"type": "mail", "state": "Open", "reopensAt": "2025-01-01T12:00:30Z"}]},
+                       "circuits": [{"type": "mail", "namespace": "team-a", "state": "Open", "reopensAt": "2025-01-01T12:00:30Z"}]},
         }))
         .unwrap()
     }
@@ -221,7 +223,7 @@ mod tests {
         // The second window is in force: its weight for Critical, and it is marked.
         assert!(html.contains(r#"<tr class="active-window"><td><span class="badge phase-Running">now</span></td><td>11:00</td>"#));
         assert!(html.contains(
-            r#"<li data-circuit="mail"><strong>mail</strong>: open, lets a probe through <time"#
+            r#"<li data-circuit="mail"><strong>mail</strong> in team-a: open, lets a probe through <time"#
         ));
         assert!(html.contains(">in 30s</time>"));
         assert!(html.contains(

@@ -1,4 +1,5 @@
-//! Circuit breaker for one task type of one queue (DESIGN §4 `circuitBreaker`).
+//! Circuit breaker for the tasks of one type in one namespace of one queue (DESIGN §4
+//! `circuitBreaker`; per namespace so that teams sharing a queue do not open each other's circuits).
 //!
 //! Closed: outcomes go into a sliding window of the last `window_size` outcomes; when the window holds
 //! at least `min_requests` outcomes and the failure ratio is at least `failure_ratio`, the breaker
@@ -11,7 +12,7 @@ use std::collections::VecDeque;
 
 use jiff::{SignedDuration, Timestamp};
 
-/// Thresholds of a breaker; the same for every type of a queue.
+/// Thresholds of a breaker; the same for every (namespace, type) of a queue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerConfig {
     /// How many of the most recent outcomes are judged. 0 disables the breaker.

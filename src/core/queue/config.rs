@@ -9,6 +9,7 @@ use jiff::SignedDuration;
 use super::breaker::BreakerConfig;
 use super::weights::{WeightWindow, Weights, WindowLimits, window_in_force};
 use crate::api::{AxQueueSpec, ConcurrencyMode, Priority, QueueWeights};
+use crate::core::selector::{self, Selector, SelectorError};
 
 /// How long the next task of a bucket may wait before it goes ahead of the weights; `None` = no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +57,8 @@ pub struct QueueConfig {
     pub weight_schedule: Vec<WeightWindow>,
     /// `concurrencyPolicy: Adaptive`, with its minimum; `None`: the limit is fixed.
     pub adaptive_min: Option<u32>,
+    /// The namespaces whose tasks may be dispatched (`namespaceSelector`).
+    pub namespace_selector: Selector,
 }
 
 /// The limits a queue applies at one instant: its own, or those the window in force overrides.
@@ -133,6 +136,7 @@ impl Default for QueueConfig {
             circuit_breaker: BreakerConfig::default(),
             weight_schedule: Vec::new(),
             adaptive_min: None,
+            namespace_selector: Selector::everything(),
         }
     }
 }
@@ -154,6 +158,8 @@ pub enum QueueSpecError {
     NothingDispatched(String),
     #[error("spec.concurrencyPolicy.min ({0}) must be at least 1")]
     AdaptiveMin(i32),
+    #[error("{0}")]
+    NamespaceSelector(SelectorError),
 }
 
 /// The dispatcher configuration of a queue spec, or why the spec cannot be applied.
@@ -257,6 +263,11 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
         }
         ConcurrencyMode::Adaptive => Some(non_negative(policy.min, "spec.concurrencyPolicy.min")?),
     };
+    let namespace_selector = match &spec.namespace_selector {
+        Some(s) => selector::parse(s, "spec.namespaceSelector")
+            .map_err(QueueSpecError::NamespaceSelector)?,
+        None => Selector::everything(),
+    };
     Ok(QueueConfig {
         weights,
         max_wait,
@@ -266,6 +277,7 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
         circuit_breaker,
         weight_schedule,
         adaptive_min,
+        namespace_selector,
     })
 }
 
@@ -406,6 +418,13 @@ mod tests {
                     ..AxQueueSpec::default()
                 },
                 "spec.concurrencyPolicy.min",
+            ),
+            (
+                serde_json::from_value(serde_json::json!({"namespaceSelector": {
+                    "matchExpressions": [{"key": "team", "operator": "Equals", "values": ["a"]}],
+                }}))
+                .expect("a spec"),
+                "spec.namespaceSelector.matchExpressions[0].operator",
             ),
         ];
         for (spec, field) in cases {

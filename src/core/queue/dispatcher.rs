@@ -4,11 +4,15 @@
 //! (`upsert`, `remove`, `mark_running` when rebuilding after a restart), asks `next` for the task to
 //! dispatch, and reports `finished` outcomes.
 //!
-//! Layout: each priority bucket is split into lanes, one per (task type, first attempt or retry), each
-//! a FIFO by (`queued_at`, key). A bucket keeps the heads of its lanes in one ordered set, so its next
-//! task is the first head whose lane is not blocked (type concurrency, open circuit, no retry token): a
-//! blocked type never holds up the tasks behind it, and choosing costs O(log n) plus one check per
-//! blocked lane head, never a scan of the pending tasks.
+//! Layout: each priority bucket is split into lanes, one per (namespace, task type, first attempt or
+//! retry), each a FIFO by (`queued_at`, key). A bucket keeps the heads of its lanes in one ordered
+//! set, so its next task is the first head whose lane is not blocked (type concurrency, open circuit,
+//! no retry token): a blocked type never holds up the tasks behind it, and choosing costs O(log n)
+//! plus one check per blocked lane head, never a scan of the pending tasks.
+//!
+//! Circuit breakers are per (namespace, task type): a queue shared by several teams' namespaces
+//! must not let one team's failing tasks hold another team's tasks of the same type. Type limits
+//! (`typeConcurrency`) stay per type across namespaces: they are the queue owner's limit.
 //!
 //! Choice between buckets: a bucket whose next task has waited longer than the bucket's max-wait goes
 //! first (oldest such task first); otherwise smooth weighted round robin (nginx) over the buckets that
@@ -42,6 +46,8 @@ use crate::api::Priority;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingTask {
     pub priority: Priority,
+    /// Its namespace: the circuit breaker it obeys and feeds is that of (namespace, type).
+    pub namespace: String,
     pub task_type: String,
     pub queued_at: Timestamp,
     /// The attempt this dispatch would start (1 = first); above 1 it is a retry and needs a token.
@@ -77,10 +83,12 @@ pub enum HeldReason {
     QueueNotFound,
     /// The AxQueue exists but none of its specs so far could be applied.
     QueueInvalid,
+    /// The AxQueue's `namespaceSelector` does not select the task's namespace.
+    QueueForbidden,
 }
 
 impl HeldReason {
-    pub const ALL: [HeldReason; 8] = [
+    pub const ALL: [HeldReason; 9] = [
         HeldReason::ConcurrencyLimit,
         HeldReason::AdaptiveLimit,
         HeldReason::TypeConcurrencyLimit,
@@ -89,6 +97,7 @@ impl HeldReason {
         HeldReason::Waiting,
         HeldReason::QueueNotFound,
         HeldReason::QueueInvalid,
+        HeldReason::QueueForbidden,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -101,6 +110,7 @@ impl HeldReason {
             HeldReason::Waiting => "Waiting",
             HeldReason::QueueNotFound => "QueueNotFound",
             HeldReason::QueueInvalid => "QueueInvalid",
+            HeldReason::QueueForbidden => "QueueForbidden",
         }
     }
 
@@ -116,28 +126,50 @@ pub struct QueueStats {
     pub pending: [(Priority, usize); 4],
     /// Tasks dispatched and not yet finished.
     pub running: usize,
-    /// Task types whose circuit is not closed, by name.
-    pub open_circuits: Vec<(String, BreakerState)>,
+    /// Circuits that are not closed, by type, then namespace.
+    pub open_circuits: Vec<OpenCircuit>,
     /// Dispatches since this dispatcher was created.
     pub dispatched: u64,
     /// Retry tokens available now.
     pub retry_tokens: u32,
 }
 
+/// The breaker of one (namespace, type) that is not closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenCircuit {
+    pub namespace: String,
+    pub task_type: String,
+    pub state: BreakerState,
+}
+
 /// Index into `Dispatcher::types`.
 type TypeId = usize;
+/// Index into `Dispatcher::circuits`.
+type CircuitId = usize;
 
-/// One FIFO inside a bucket: the tasks of one type that are either first attempts or retries.
+/// One FIFO inside a bucket: the tasks of one (namespace, type) that are either first attempts or
+/// retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Lane {
-    type_id: TypeId,
+    circuit: CircuitId,
     retry: bool,
 }
 
+/// A task type, across namespaces: its limit and how many of its tasks hold a slot.
 #[derive(Debug)]
 struct TypeState {
     name: String,
     limit: Option<u32>,
+    running: u32,
+    /// Its circuits by namespace; the type is forgotten with the last of them.
+    circuits: HashMap<String, CircuitId>,
+}
+
+/// The tasks of one type in one namespace, and their breaker.
+#[derive(Debug)]
+struct CircuitState {
+    namespace: String,
+    type_id: TypeId,
     pending: usize,
     running: u32,
     breaker: Breaker,
@@ -240,12 +272,13 @@ struct PendingEntry {
     /// Its bucket's `dispatched` count once it is dispatched (if the order holds): its position is
     /// `rank - dispatched`.
     rank: u64,
+    attempt: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct RunningEntry {
-    type_id: TypeId,
-    /// The half-open probe of its type's breaker.
+    circuit: CircuitId,
+    /// The half-open probe of its circuit's breaker.
     probe: bool,
     /// Its outcome already fed the breaker; releasing the slot later only frees it.
     recorded: bool,
@@ -258,6 +291,9 @@ pub struct Dispatcher<K> {
     type_ids: HashMap<String, TypeId>,
     /// Ids of `types` entries no longer used, for reuse.
     free_type_ids: Vec<TypeId>,
+    circuits: Vec<CircuitState>,
+    /// Ids of `circuits` entries no longer used, for reuse.
+    free_circuit_ids: Vec<CircuitId>,
     buckets: [Bucket<K>; 4],
     pending: HashMap<K, PendingEntry>,
     running: HashMap<K, RunningEntry>,
@@ -280,6 +316,8 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             types: Vec::new(),
             type_ids: HashMap::new(),
             free_type_ids: Vec::new(),
+            circuits: Vec::new(),
+            free_circuit_ids: Vec::new(),
             buckets: Default::default(),
             pending: HashMap::new(),
             running: HashMap::new(),
@@ -297,7 +335,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 
     /// Applies an edited queue spec at once; pending and running tasks are kept.
     pub fn set_config(&mut self, config: QueueConfig, now: Timestamp) {
-        for state in &mut self.types {
+        for state in &mut self.circuits {
             state.breaker.reconfigure(now, &config.circuit_breaker);
         }
         self.config = config;
@@ -353,10 +391,10 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             .filter(|e| e.priority == task.priority && e.queued_at == task.queued_at)
             .map(|e| e.rank);
         self.remove_pending(&key);
-        let type_id = self.intern_type(&task.task_type);
-        self.types[type_id].pending += 1;
+        let circuit = self.intern(&task.namespace, &task.task_type);
+        self.circuits[circuit].pending += 1;
         let lane = Lane {
-            type_id,
+            circuit,
             retry: task.attempt > 1,
         };
         let bucket = &mut self.buckets[task.priority.index()];
@@ -369,8 +407,24 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
                 lane,
                 queued_at: task.queued_at,
                 rank,
+                attempt: task.attempt,
             },
         );
+    }
+
+    /// Takes a pending task out, returning what it waited as (to be offered again later).
+    pub fn take_pending(&mut self, key: &K) -> Option<PendingTask> {
+        let entry = self.pending.get(key)?;
+        let circuit = &self.circuits[entry.lane.circuit];
+        let task = PendingTask {
+            priority: entry.priority,
+            namespace: circuit.namespace.clone(),
+            task_type: self.types[circuit.type_id].name.clone(),
+            queued_at: entry.queued_at,
+            attempt: entry.attempt,
+        };
+        self.remove_pending(key);
+        Some(task)
     }
 
     /// Forgets a task, pending or running (deleted, canceled). Returns whether it was known.
@@ -380,28 +434,30 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 
     /// Counts a task as dispatched and unfinished without dispatching it: used when rebuilding after
     /// a restart from tasks that are Scheduled or Running. Limits are not checked (it already runs).
-    pub fn mark_running(&mut self, key: K, task_type: &str) {
+    pub fn mark_running(&mut self, key: K, namespace: &str, task_type: &str) {
         self.remove_pending(&key);
         self.release_running(&key, Outcome::Aborted, None);
-        let type_id = self.intern_type(task_type);
-        self.types[type_id].running += 1;
+        let circuit = self.intern(namespace, task_type);
+        let state = &mut self.circuits[circuit];
+        state.running += 1;
+        self.types[state.type_id].running += 1;
         self.running.insert(
             key,
             RunningEntry {
-                type_id,
+                circuit,
                 probe: false,
                 recorded: false,
             },
         );
     }
 
-    /// Frees the slot of a dispatched task and feeds its outcome to its type's breaker. Returns
+    /// Frees the slot of a dispatched task and feeds its outcome to its circuit's breaker. Returns
     /// whether the task was counted as running (repeated calls are harmless).
     pub fn finished(&mut self, key: &K, outcome: Outcome, now: Timestamp) -> bool {
         self.release_running(key, outcome, Some(now))
     }
 
-    /// Feeds the outcome of a dispatched task to its type's breaker once, keeping its slot: its pod
+    /// Feeds the outcome of a dispatched task to its circuit's breaker once, keeping its slot: its pod
     /// may still be stopping. Returns whether the outcome was recorded now.
     pub fn record_outcome(&mut self, key: &K, outcome: Outcome, now: Timestamp) -> bool {
         let Some(entry) = self.running.get_mut(key) else {
@@ -412,7 +468,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         }
         entry.recorded = true;
         let probe = std::mem::take(&mut entry.probe);
-        let state = &mut self.types[entry.type_id];
+        let state = &mut self.circuits[entry.circuit];
         match outcome {
             Outcome::Succeeded => {
                 state
@@ -467,9 +523,10 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             bucket.measuring = false;
         }
         self.pending.remove(&key);
-        let state = &mut self.types[lane.type_id];
+        let state = &mut self.circuits[lane.circuit];
         state.pending -= 1;
         state.running += 1;
+        self.types[state.type_id].running += 1;
         let probe = state.breaker.on_dispatch(now);
         if lane.retry {
             // `choose` saw a token, so this cannot fail.
@@ -478,7 +535,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         self.running.insert(
             key.clone(),
             RunningEntry {
-                type_id: lane.type_id,
+                circuit: lane.circuit,
                 probe,
                 recorded: false,
             },
@@ -495,21 +552,23 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         let entry = self.pending.get(key)?;
         let retry_token = self.retry_tokens.has_token(now);
         let in_force = self.concurrency_in_force();
-        let reason = lane_blocked(&self.types, entry.lane, now, retry_token).unwrap_or(
-            if self.running.len() >= self.effective_concurrency() as usize {
-                if self
-                    .adaptive_limit
-                    .is_some_and(|adaptive| adaptive < in_force)
-                {
-                    HeldReason::AdaptiveLimit
+        let reason = lane_blocked(&self.types, &self.circuits, entry.lane, now, retry_token)
+            .unwrap_or(
+                if self.running.len() >= self.effective_concurrency() as usize {
+                    if self
+                        .adaptive_limit
+                        .is_some_and(|adaptive| adaptive < in_force)
+                    {
+                        HeldReason::AdaptiveLimit
+                    } else {
+                        HeldReason::ConcurrencyLimit
+                    }
                 } else {
-                    HeldReason::ConcurrencyLimit
-                }
-            } else {
-                HeldReason::Waiting
-            },
-        );
-        Some((reason, self.types[entry.lane.type_id].name.as_str()))
+                    HeldReason::Waiting
+                },
+            );
+        let type_id = self.circuits[entry.lane.circuit].type_id;
+        Some((reason, self.types[type_id].name.as_str()))
     }
 
     /// Where the pending task `key` stands in its bucket and when it is expected to start, from
@@ -570,15 +629,26 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     }
 
     pub fn stats(&self, now: Timestamp) -> QueueStats {
-        let mut open_circuits: Vec<(String, BreakerState)> = self
-            .types
+        let mut open_circuits: Vec<OpenCircuit> = self
+            .type_ids
             .iter()
-            .zip(0..)
-            .filter(|(state, id)| self.type_ids.get(&state.name) == Some(id))
-            .map(|(state, _)| (state.name.clone(), state.breaker.state(now)))
-            .filter(|(_, breaker)| *breaker != BreakerState::Closed)
+            .flat_map(|(name, id)| {
+                self.types[*id]
+                    .circuits
+                    .iter()
+                    .map(move |(namespace, circuit)| {
+                        (name, namespace, self.circuits[*circuit].breaker.state(now))
+                    })
+            })
+            .filter(|(_, _, state)| *state != BreakerState::Closed)
+            .map(|(name, namespace, state)| OpenCircuit {
+                namespace: namespace.clone(),
+                task_type: name.clone(),
+                state,
+            })
             .collect();
-        open_circuits.sort_by(|a, b| a.0.cmp(&b.0));
+        open_circuits
+            .sort_by(|a, b| (&a.task_type, &a.namespace).cmp(&(&b.task_type, &b.namespace)));
         QueueStats {
             pending: Priority::ALL.map(|priority| (priority, self.buckets[priority.index()].len)),
             running: self.running.len(),
@@ -605,6 +675,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         let Self {
             config,
             types,
+            circuits,
             buckets,
             retry_tokens,
             round_robin,
@@ -612,10 +683,9 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         } = self;
         let retry_token = retry_tokens.has_token(now);
         let candidates: [Option<&(Timestamp, K, Lane)>; 4] = Priority::ALL.map(|priority| {
-            buckets[priority.index()]
-                .heads
-                .iter()
-                .find(|(_, _, lane)| lane_blocked(types, *lane, now, retry_token).is_none())
+            buckets[priority.index()].heads.iter().find(|(_, _, lane)| {
+                lane_blocked(types, circuits, *lane, now, retry_token).is_none()
+            })
         });
 
         let overdue = Priority::ALL
@@ -650,6 +720,35 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         }
     }
 
+    /// The circuit of (namespace, type), created (with its type) when new.
+    fn intern(&mut self, namespace: &str, task_type: &str) -> CircuitId {
+        let type_id = self.intern_type(task_type);
+        if let Some(id) = self.types[type_id].circuits.get(namespace) {
+            return *id;
+        }
+        let state = CircuitState {
+            namespace: namespace.to_string(),
+            type_id,
+            pending: 0,
+            running: 0,
+            breaker: Breaker::new(),
+        };
+        let id = match self.free_circuit_ids.pop() {
+            Some(id) => {
+                self.circuits[id] = state;
+                id
+            }
+            None => {
+                self.circuits.push(state);
+                self.circuits.len() - 1
+            }
+        };
+        self.types[type_id]
+            .circuits
+            .insert(namespace.to_string(), id);
+        id
+    }
+
     fn intern_type(&mut self, task_type: &str) -> TypeId {
         if let Some(id) = self.type_ids.get(task_type) {
             return *id;
@@ -657,9 +756,8 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         let state = TypeState {
             name: task_type.to_string(),
             limit: self.config.type_limit_in(self.window, task_type),
-            pending: 0,
             running: 0,
-            breaker: Breaker::new(),
+            circuits: HashMap::new(),
         };
         let id = match self.free_type_ids.pop() {
             Some(id) => {
@@ -675,12 +773,20 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         id
     }
 
-    /// Drops a type that has no pending or running task and nothing in its breaker worth keeping,
-    /// so that memory follows the live types rather than every type ever seen.
-    fn release_type_if_unused(&mut self, type_id: TypeId) {
-        let state = &self.types[type_id];
-        if state.pending == 0 && state.running == 0 && state.breaker.is_forgettable() {
-            self.type_ids.remove(&state.name);
+    /// Drops a circuit that has no pending or running task and nothing in its breaker worth
+    /// keeping, and its type with its last circuit, so that memory follows the live (namespace,
+    /// type) pairs rather than every one ever seen.
+    fn release_circuit_if_unused(&mut self, circuit: CircuitId) {
+        let state = &self.circuits[circuit];
+        if state.pending > 0 || state.running > 0 || !state.breaker.is_forgettable() {
+            return;
+        }
+        let type_id = state.type_id;
+        let task_type = &mut self.types[type_id];
+        task_type.circuits.remove(&state.namespace);
+        self.free_circuit_ids.push(circuit);
+        if task_type.circuits.is_empty() {
+            self.type_ids.remove(&task_type.name);
             self.free_type_ids.push(type_id);
         }
     }
@@ -690,8 +796,8 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             return false;
         };
         self.buckets[entry.priority.index()].remove(entry.lane, entry.queued_at, key);
-        self.types[entry.lane.type_id].pending -= 1;
-        self.release_type_if_unused(entry.lane.type_id);
+        self.circuits[entry.lane.circuit].pending -= 1;
+        self.release_circuit_if_unused(entry.lane.circuit);
         true
     }
 
@@ -707,8 +813,9 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         let Some(entry) = self.running.remove(key) else {
             return false;
         };
-        let state = &mut self.types[entry.type_id];
+        let state = &mut self.circuits[entry.circuit];
         state.running -= 1;
+        self.types[state.type_id].running -= 1;
         let outcome = if entry.recorded {
             Outcome::Aborted
         } else {
@@ -728,7 +835,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             _ if entry.probe => state.breaker.probe_abandoned(),
             _ => {}
         }
-        self.release_type_if_unused(entry.type_id);
+        self.release_circuit_if_unused(entry.circuit);
         true
     }
 }
@@ -736,12 +843,14 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 /// What holds the tasks of `lane` at `now`, queue concurrency aside.
 fn lane_blocked(
     types: &[TypeState],
+    circuits: &[CircuitState],
     lane: Lane,
     now: Timestamp,
     retry_token: bool,
 ) -> Option<HeldReason> {
-    let state = &types[lane.type_id];
-    if !state.breaker.allows(now) {
+    let circuit = &circuits[lane.circuit];
+    let state = &types[circuit.type_id];
+    if !circuit.breaker.allows(now) {
         Some(HeldReason::CircuitOpen)
     } else if state.limit.is_some_and(|limit| state.running >= limit) {
         Some(HeldReason::TypeConcurrencyLimit)
@@ -802,8 +911,19 @@ mod tests {
         queued_at: Timestamp,
         attempt: u32,
     ) -> PendingTask {
+        in_namespace("ns", priority, task_type, queued_at, attempt)
+    }
+
+    fn in_namespace(
+        namespace: &str,
+        priority: Priority,
+        task_type: &str,
+        queued_at: Timestamp,
+        attempt: u32,
+    ) -> PendingTask {
         PendingTask {
             priority,
+            namespace: namespace.to_string(),
             task_type: task_type.to_string(),
             queued_at,
             attempt,
@@ -997,7 +1117,7 @@ mod tests {
             concurrency: 2,
             ..QueueConfig::default()
         });
-        dispatcher.mark_running(100, "a");
+        dispatcher.mark_running(100, "ns", "a");
         for key in 1..=3 {
             dispatcher.upsert(key, task(Priority::Normal, "a", t(0), 1));
         }
@@ -1068,7 +1188,11 @@ mod tests {
         let stats = dispatcher.stats(t(1));
         assert_eq!(
             stats.open_circuits,
-            vec![(failing.to_string(), BreakerState::Open { until: t(31) })]
+            vec![OpenCircuit {
+                namespace: "ns".to_string(),
+                task_type: failing.to_string(),
+                state: BreakerState::Open { until: t(31) }
+            }]
         );
         // Older tasks of the open type do not hold up a healthy type in the same bucket.
         for key in 20..23 {
@@ -1121,6 +1245,120 @@ mod tests {
         assert_eq!(drain_without_finishing(&mut dispatcher, t(30)), vec![1]);
         assert!(dispatcher.remove(&1));
         assert_eq!(drain_without_finishing(&mut dispatcher, t(30)), vec![2]);
+    }
+
+    #[test]
+    fn one_namespace_failing_does_not_open_the_circuit_of_another() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        // Ten failures of team a: its breaker (minRequests 10) opens.
+        for key in 0..10 {
+            dispatcher.upsert(key, in_namespace("team-a", Priority::High, "x", t(0), 1));
+        }
+        for key in drain_without_finishing(&mut dispatcher, t(0)) {
+            dispatcher.finished(&key, Outcome::Failed, t(1));
+        }
+        let open = dispatcher.stats(t(2)).open_circuits;
+        assert_eq!(
+            open.iter()
+                .map(|c| (c.namespace.as_str(), c.task_type.as_str()))
+                .collect::<Vec<_>>(),
+            [("team-a", "x")]
+        );
+        // Team a's next task of type x is held; team b's, queued later, goes.
+        dispatcher.upsert(20, in_namespace("team-a", Priority::High, "x", t(2), 1));
+        dispatcher.upsert(21, in_namespace("team-b", Priority::High, "x", t(3), 1));
+        assert_eq!(
+            dispatcher.held_reason(&20, t(4)).map(|(r, _)| r),
+            Some(HeldReason::CircuitOpen)
+        );
+        assert_eq!(
+            dispatcher.held_reason(&21, t(4)).map(|(r, _)| r),
+            Some(HeldReason::Waiting)
+        );
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(4)), vec![21]);
+    }
+
+    #[test]
+    fn type_concurrency_is_shared_by_the_namespaces() {
+        let mut config = unlimited();
+        config.type_concurrency.insert("x".to_string(), 2);
+        let mut dispatcher = Dispatcher::new(config);
+        dispatcher.mark_running(0, "team-a", "x");
+        dispatcher.upsert(1, in_namespace("team-a", Priority::Normal, "x", t(0), 1));
+        dispatcher.upsert(2, in_namespace("team-b", Priority::Normal, "x", t(1), 1));
+        dispatcher.upsert(3, in_namespace("team-c", Priority::Normal, "x", t(2), 1));
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(3)), vec![1]);
+        for key in [2, 3] {
+            assert_eq!(
+                dispatcher.held_reason(&key, t(3)),
+                Some((HeldReason::TypeConcurrencyLimit, "x"))
+            );
+        }
+        dispatcher.finished(&0, Outcome::Succeeded, t(4));
+        assert_eq!(drain_without_finishing(&mut dispatcher, t(4)), vec![2]);
+    }
+
+    #[test]
+    fn a_task_taken_out_comes_back_as_it_was() {
+        let mut dispatcher = Dispatcher::new(unlimited());
+        let retry = in_namespace("team-a", Priority::Low, "x", t(5), 3);
+        dispatcher.upsert(1, retry.clone());
+        dispatcher.upsert(2, task(Priority::Low, "x", t(6), 1));
+        assert_eq!(dispatcher.take_pending(&1), Some(retry.clone()));
+        assert_eq!(dispatcher.take_pending(&1), None);
+        assert_eq!(dispatcher.pending_len(), 1);
+        dispatcher.upsert(1, retry);
+        assert_eq!(drain(&mut dispatcher, t(7)), vec![1, 2]);
+    }
+
+    proptest! {
+        /// Whatever happens to the tasks of type x in namespace a, the tasks of type x in namespace
+        /// b (which always succeed) are never held by a circuit, and no circuit of b opens.
+        #[test]
+        fn circuits_are_isolated_per_namespace(
+            steps in proptest::collection::vec((any::<bool>(), 0u8..4, any::<bool>()), 1..200),
+        ) {
+            let mut dispatcher: Dispatcher<u32> = Dispatcher::new(QueueConfig {
+                concurrency: 4,
+                circuit_breaker: BreakerConfig {
+                    window_size: 4,
+                    min_requests: 2,
+                    ..BreakerConfig::default()
+                },
+                ..QueueConfig::default()
+            });
+            let mut now = t(0);
+            // Key -> whether it is in namespace b.
+            let mut in_b_of: Vec<bool> = Vec::new();
+            let mut running: Vec<u32> = Vec::new();
+            for (in_b, action, a_fails) in steps {
+                match action {
+                    0 | 1 => {
+                        let key = in_b_of.len() as u32;
+                        let namespace = if in_b { "b" } else { "a" };
+                        dispatcher.upsert(key, in_namespace(namespace, Priority::Normal, "x", now, 1));
+                        in_b_of.push(in_b);
+                    }
+                    2 => running.extend(dispatcher.next(now)),
+                    _ => {
+                        if let Some(key) = running.pop() {
+                            let fails = a_fails && !in_b_of[key as usize];
+                            let outcome = if fails { Outcome::Failed } else { Outcome::Succeeded };
+                            dispatcher.finished(&key, outcome, now);
+                        }
+                        now += SignedDuration::from_secs(7);
+                    }
+                }
+                let stats = dispatcher.stats(now);
+                prop_assert!(stats.open_circuits.iter().all(|c| c.namespace == "a"), "{:?}", stats.open_circuits);
+                for (key, in_b) in in_b_of.iter().enumerate() {
+                    if *in_b {
+                        let reason = dispatcher.held_reason(&(key as u32), now).map(|(r, _)| r);
+                        prop_assert_ne!(reason, Some(HeldReason::CircuitOpen));
+                    }
+                }
+            }
+        }
     }
 
     fn drain_without_finishing(dispatcher: &mut Dispatcher<u32>, now: Timestamp) -> Vec<u32> {
@@ -1412,6 +1650,14 @@ mod tests {
         }
         assert_eq!(dispatcher.types.len(), 1);
         assert!(dispatcher.type_ids.is_empty());
+        // The same for (namespace, type) circuits.
+        for round in 0..100u32 {
+            let namespace = format!("ns-{round}");
+            dispatcher.upsert(round, in_namespace(&namespace, Priority::Low, "t", t(0), 1));
+            assert_eq!(drain(&mut dispatcher, t(1)), vec![round]);
+        }
+        assert_eq!(dispatcher.circuits.len(), 1);
+        assert!(dispatcher.type_ids.is_empty());
     }
 
     #[derive(Debug, Clone)]
@@ -1419,6 +1665,7 @@ mod tests {
         Upsert {
             key: u8,
             priority: usize,
+            namespace: u8,
             task_type: u8,
             attempt: u32,
             queued_back: i64,
@@ -1431,6 +1678,7 @@ mod tests {
         },
         MarkRunning {
             key: u8,
+            namespace: u8,
             task_type: u8,
         },
         Advance(i64),
@@ -1443,10 +1691,11 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (0u8..40, 0usize..4, 0u8..4, 1u32..4, 0i64..200).prop_map(
-                |(key, priority, task_type, attempt, queued_back)| Op::Upsert {
+            4 => (0u8..40, 0usize..4, 0u8..2, 0u8..4, 1u32..4, 0i64..200).prop_map(
+                |(key, priority, namespace, task_type, attempt, queued_back)| Op::Upsert {
                     key,
                     priority,
+                    namespace,
                     task_type,
                     attempt,
                     queued_back,
@@ -1460,7 +1709,9 @@ mod tests {
                 Just(Outcome::Aborted)
             ])
                 .prop_map(|(pick, outcome)| Op::Finish { pick, outcome }),
-            1 => (0u8..40, 0u8..4).prop_map(|(key, task_type)| Op::MarkRunning { key, task_type }),
+            1 => (0u8..40, 0u8..2, 0u8..4).prop_map(|(key, namespace, task_type)| {
+                Op::MarkRunning { key, namespace, task_type }
+            }),
             2 => (0i64..40).prop_map(Op::Advance),
             1 => (0u32..8, 0u32..4, 0u32..240).prop_map(|(concurrency, type_limit, retry_rate)| {
                 Op::Limits {
@@ -1476,11 +1727,16 @@ mod tests {
         format!("type-{task_type}")
     }
 
+    fn namespace_name(namespace: u8) -> String {
+        format!("ns-{namespace}")
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
-        /// Limits hold at every dispatch, the chosen task is the oldest dispatchable one of its bucket,
-        /// `held_reason` agrees with `next`, and counts match a plain model.
+        /// Limits hold at every dispatch (type limits across the namespaces), the chosen task is the
+        /// oldest dispatchable one of its bucket, `held_reason` agrees with `next`, and counts match a
+        /// plain model.
         #[test]
         fn dispatch_respects_limits_and_reasons(ops in proptest::collection::vec(op(), 1..300)) {
             let mut config = QueueConfig {
@@ -1501,8 +1757,9 @@ mod tests {
             let mut running: BTreeMap<u8, String> = BTreeMap::new();
             for op in ops {
                 match op {
-                    Op::Upsert { key, priority, task_type, attempt, queued_back } => {
-                        let pending_task = task(
+                    Op::Upsert { key, priority, namespace, task_type, attempt, queued_back } => {
+                        let pending_task = in_namespace(
+                            &namespace_name(namespace),
                             Priority::ALL[priority],
                             &type_name(task_type),
                             now - SignedDuration::from_secs(queued_back),
@@ -1516,10 +1773,10 @@ mod tests {
                         let known = pending.remove(&key).is_some() | running.remove(&key).is_some();
                         prop_assert_eq!(dispatcher.remove(&key), known);
                     }
-                    Op::MarkRunning { key, task_type } => {
+                    Op::MarkRunning { key, namespace, task_type } => {
                         pending.remove(&key);
                         running.insert(key, type_name(task_type));
-                        dispatcher.mark_running(key, &type_name(task_type));
+                        dispatcher.mark_running(key, &namespace_name(namespace), &type_name(task_type));
                     }
                     Op::Finish { pick, outcome } => {
                         if let Some(key) = running.keys().nth(pick % running.len().max(1)).copied() {

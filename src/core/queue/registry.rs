@@ -4,6 +4,12 @@
 //!
 //! A task naming a queue that does not exist (yet) is kept in an inactive entry and never
 //! dispatched; it says `QueueNotFound` until the AxQueue appears.
+//!
+//! A task whose namespace the queue's `namespaceSelector` does not select is kept out of the
+//! dispatcher altogether (`QueueForbidden`): it holds no slot, sits in no bucket and costs a
+//! dispatch nothing. The registry knows every namespace's labels (fed by the Namespace watcher) and
+//! moves a namespace's tasks in or out when its labels change — one range of the tasks, which are
+//! ordered by namespace — and a queue's tasks when its selector changes (one pass, on that edit).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -12,9 +18,8 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::adaptive::{self, AdaptiveConcurrency, Bounds, Change, Observation};
-use super::breaker::BreakerState;
 use super::config::{LimitsInForce, QueueConfig, QueueSpecError, queue_config};
-use super::dispatcher::{Dispatcher, HeldReason, Outcome, PendingTask};
+use super::dispatcher::{Dispatcher, HeldReason, OpenCircuit, Outcome, PendingTask};
 use super::estimate::{Estimate, NoEstimate};
 use crate::api::{AxQueue, AxQueueSpec, AxTask, AxTaskSpec, AxTaskStatus, Priority};
 
@@ -57,6 +62,8 @@ struct QueueEntry {
     evented: Option<u32>,
     /// The effective concurrency an earlier leader reported, to start the controller from.
     reported_effective: Option<u32>,
+    /// Tasks of this queue waiting outside its dispatcher: their namespace is not selected.
+    forbidden: usize,
 }
 
 impl QueueEntry {
@@ -76,6 +83,7 @@ impl QueueEntry {
             last_change: None,
             evented: None,
             reported_effective: None,
+            forbidden: 0,
         }
     }
 
@@ -114,17 +122,50 @@ impl QueueEntry {
     }
 
     fn is_idle(&self) -> bool {
-        self.dispatcher.pending_len() == 0 && self.dispatcher.running_len() == 0
+        self.dispatcher.pending_len() == 0
+            && self.dispatcher.running_len() == 0
+            && self.forbidden == 0
+    }
+
+    /// Whether tasks of a namespace with these labels (`None`: not seen yet) may be dispatched
+    /// from this queue. Only a spec in force selects: tasks of a missing or never valid queue wait
+    /// for that reason. A selector admits no namespace whose labels are unknown, even one that
+    /// would select no labels (`NotIn`, `DoesNotExist`): its real labels may exclude it.
+    fn admits(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        let selector = &self.dispatcher.config().namespace_selector;
+        self.availability != Availability::Active
+            || selector.selects_everything()
+            || labels.is_some_and(|labels| selector.matches(labels))
     }
 }
 
 #[derive(Debug, Clone)]
 struct TaskEntry {
     queue: String,
-    /// Holds a concurrency slot.
-    holding: bool,
-    /// The slot was granted by [`Registry::next`] and the dispatch is not written yet.
-    granted: bool,
+    place: Place,
+}
+
+/// Where a task the registry knows is.
+#[derive(Debug, Clone)]
+enum Place {
+    /// In its queue's dispatcher, waiting for a slot.
+    Waiting,
+    /// Waiting outside the dispatcher, kept as it would wait there: the queue's
+    /// `namespaceSelector` does not select its namespace.
+    Forbidden(PendingTask),
+    /// Holds a concurrency slot; `granted`: given by [`Registry::next`] and the dispatch not
+    /// written yet.
+    Holding { granted: bool },
+}
+
+impl Place {
+    fn is_holding(&self) -> bool {
+        matches!(self, Place::Holding { .. })
+    }
+
+    fn is_forbidden(&self) -> bool {
+        matches!(self, Place::Forbidden(_))
+    }
 }
 
 /// What `AxQueue.status` and the metrics report about one queue.
@@ -146,9 +187,12 @@ pub struct QueueReport {
     pub adaptive: bool,
     /// The adaptive policy's last change.
     pub last_change: Option<(Timestamp, Change)>,
+    /// Task types with a circuit not closed (in some namespace), by name.
     pub open_circuits: Vec<String>,
-    /// The state of each breaker in `open_circuits`.
-    pub circuits: Vec<(String, BreakerState)>,
+    /// Each breaker not closed: namespace, type, state.
+    pub circuits: Vec<OpenCircuit>,
+    /// Tasks waiting because the queue's `namespaceSelector` does not select their namespace.
+    pub forbidden: usize,
     pub dispatched: i64,
     pub dead: i64,
     pub retry_tokens: u32,
@@ -170,7 +214,10 @@ pub struct Held {
 #[derive(Debug, Default)]
 pub struct Registry {
     queues: BTreeMap<String, QueueEntry>,
-    tasks: HashMap<TaskKey, TaskEntry>,
+    /// Ordered by namespace, so the tasks of one namespace are one range.
+    tasks: BTreeMap<TaskKey, TaskEntry>,
+    /// The labels of each namespace, as the Namespace watcher last reported them.
+    namespaces: HashMap<String, BTreeMap<String, String>>,
     /// The queue `next` served last, so queues take turns.
     last_served: Option<String>,
 }
@@ -179,9 +226,10 @@ impl Registry {
     /// Applies an AxQueue as seen by the watcher: its spec (when it changed) and, the first time the
     /// queue is seen, the totals in its status. Returns the spec's problem when it is newly invalid.
     pub fn configure(&mut self, queue: &AxQueue, now: Timestamp) -> Option<QueueSpecError> {
+        let name = queue.name_any();
         let entry = self
             .queues
-            .entry(queue.name_any())
+            .entry(name.clone())
             .or_insert_with(QueueEntry::new);
         entry.generation = queue.metadata.generation;
         if entry.availability == Availability::NotFound {
@@ -197,10 +245,18 @@ impl Registry {
         entry.seen_spec = Some(queue.spec.clone());
         match queue_config(&queue.spec) {
             Ok(config) => {
+                let selector = &config.namespace_selector;
+                // Only a selector that changed or comes into force moves tasks in or out.
+                let moves = *selector != entry.dispatcher.config().namespace_selector
+                    || (entry.availability != Availability::Active
+                        && !selector.selects_everything());
                 entry.dispatcher.set_config(config, now);
                 entry.availability = Availability::Active;
                 entry.invalid = None;
                 entry.sync_adaptive(now);
+                if moves {
+                    self.resync_queue(&name);
+                }
                 None
             }
             Err(problem) => {
@@ -220,8 +276,44 @@ impl Registry {
             entry.availability = Availability::NotFound;
             entry.seen_spec = None;
             entry.invalid = None;
+            if entry.forbidden > 0 {
+                // Without a spec in force nothing is forbidden: they wait for the queue instead.
+                self.resync_queue(name);
+            }
         }
         self.forget_if_unused(name);
+    }
+
+    /// The labels of namespace `name` as the Namespace watcher sees them (`None`: deleted). Tasks of
+    /// it that wait move into or out of their queue's dispatcher as its selector now says; tasks
+    /// holding a slot keep it. Returns how many moved. Costs one range over the namespace's tasks,
+    /// and nothing when the labels did not change.
+    pub fn namespace_labels(
+        &mut self,
+        name: &str,
+        labels: Option<BTreeMap<String, String>>,
+    ) -> usize {
+        if self.namespaces.get(name) == labels.as_ref() {
+            return 0;
+        }
+        match labels {
+            Some(labels) => self.namespaces.insert(name.to_string(), labels),
+            None => self.namespaces.remove(name),
+        };
+        let start = (name.to_string(), String::new());
+        let keys: Vec<TaskKey> = self
+            .tasks
+            .range(start..)
+            .take_while(|(key, _)| key.0 == name)
+            .filter(|(_, task)| !task.place.is_holding())
+            .map(|(key, _)| key.clone())
+            .collect();
+        self.resync(keys)
+    }
+
+    /// Namespaces whose labels the registry holds, by name.
+    pub fn known_namespaces(&self) -> Vec<String> {
+        self.namespaces.keys().cloned().collect()
     }
 
     /// Queues the registry treats as existing, by name.
@@ -233,18 +325,23 @@ impl Registry {
             .collect()
     }
 
-    /// A task eligible for dispatch waits for a slot (a slot it held is given back).
+    /// A task eligible for dispatch waits for a slot (a slot it held is given back): in the
+    /// queue's dispatcher, or outside it when the queue does not admit its namespace.
     pub fn upsert(&mut self, key: &TaskKey, queue: &str, task: PendingTask) {
         self.detach_if_moved(key, queue);
-        self.entry(queue).dispatcher.upsert(key.clone(), task);
-        self.tasks.insert(
-            key.clone(),
-            TaskEntry {
-                queue: queue.to_string(),
-                holding: false,
-                granted: false,
-            },
-        );
+        let labels = self.namespaces.get(&key.0);
+        let entry = self
+            .queues
+            .entry(queue.to_string())
+            .or_insert_with(QueueEntry::new);
+        let place = if entry.admits(labels) {
+            entry.dispatcher.upsert(key.clone(), task);
+            Place::Waiting
+        } else {
+            entry.dispatcher.remove(key);
+            Place::Forbidden(task)
+        };
+        self.place(key, queue, place);
     }
 
     /// A task holds a slot: an attempt in flight (dispatched before a restart, or by an earlier
@@ -254,28 +351,21 @@ impl Registry {
         if self
             .tasks
             .get(key)
-            .is_some_and(|t| t.holding && t.queue == queue)
+            .is_some_and(|t| t.place.is_holding() && t.queue == queue)
         {
             return;
         }
         self.detach_if_moved(key, queue);
         self.entry(queue)
             .dispatcher
-            .mark_running(key.clone(), task_type);
-        self.tasks.insert(
-            key.clone(),
-            TaskEntry {
-                queue: queue.to_string(),
-                holding: true,
-                granted: false,
-            },
-        );
+            .mark_running(key.clone(), &key.0, task_type);
+        self.place(key, queue, Place::Holding { granted: false });
     }
 
-    /// The attempt of `key` ended with `outcome`: it feeds the type's breaker (once); the slot
-    /// stays held until the task is released.
+    /// The attempt of `key` ended with `outcome`: it feeds the breaker of its (namespace, type)
+    /// (once); the slot stays held until the task is released.
     pub fn record_outcome(&mut self, key: &TaskKey, outcome: Outcome, now: Timestamp) {
-        let Some(task) = self.tasks.get(key).filter(|t| t.holding) else {
+        let Some(task) = self.tasks.get(key).filter(|t| t.place.is_holding()) else {
             return;
         };
         if let Some(entry) = self.queues.get_mut(&task.queue) {
@@ -286,9 +376,9 @@ impl Registry {
     /// The granted dispatch of `key` was written: the attempt is in flight and counted.
     pub fn dispatched(&mut self, key: &TaskKey) {
         if let Some(task) = self.tasks.get_mut(key)
-            && task.holding
+            && let Place::Holding { granted } = &mut task.place
         {
-            task.granted = false;
+            *granted = false;
             if let Some(entry) = self.queues.get_mut(&task.queue) {
                 entry.dispatched += 1;
             }
@@ -302,18 +392,23 @@ impl Registry {
         };
         if let Some(entry) = self.queues.get_mut(&task.queue) {
             entry.dispatcher.remove(key);
+            if task.place.is_forbidden() {
+                entry.forbidden = entry.forbidden.saturating_sub(1);
+            }
         }
         self.forget_if_unused(&task.queue);
-        task.holding
+        task.place.is_holding()
     }
 
     /// Whether `key` was given a slot it has not used yet.
     pub fn is_granted(&self, key: &TaskKey) -> bool {
-        self.tasks.get(key).is_some_and(|t| t.granted)
+        self.tasks
+            .get(key)
+            .is_some_and(|t| matches!(t.place, Place::Holding { granted: true }))
     }
 
     pub fn is_holding(&self, key: &TaskKey) -> bool {
-        self.tasks.get(key).is_some_and(|t| t.holding)
+        self.tasks.get(key).is_some_and(|t| t.place.is_holding())
     }
 
     /// The next task to dispatch at `now` and its queue; the queues take turns. It now holds a slot,
@@ -346,8 +441,7 @@ impl Registry {
             };
             if let Some(key) = entry.dispatcher.next(now) {
                 if let Some(task) = self.tasks.get_mut(&key) {
-                    task.holding = true;
-                    task.granted = true;
+                    task.place = Place::Holding { granted: true };
                 }
                 self.last_served = Some(name.clone());
                 return Some((key, name));
@@ -368,9 +462,10 @@ impl Registry {
         key: &TaskKey,
         now: Timestamp,
     ) -> Option<(HeldReason, String, Option<Estimate>)> {
-        let task = self.tasks.get(key).filter(|t| !t.holding)?;
+        let task = self.tasks.get(key).filter(|t| !t.place.is_holding())?;
         let entry = self.queues.get(&task.queue)?;
         let q = &task.queue;
+        let namespace = &key.0;
         Some(match entry.availability {
             Availability::NotFound => (
                 HeldReason::QueueNotFound,
@@ -380,6 +475,19 @@ impl Registry {
             Availability::Invalid => (
                 HeldReason::QueueInvalid,
                 format!("AxQueue {q} has no valid spec (see its InvalidSpec condition)"),
+                None,
+            ),
+            Availability::Active if task.place.is_forbidden() => (
+                HeldReason::QueueForbidden,
+                if self.namespaces.contains_key(namespace) {
+                    format!(
+                        "namespace {namespace} is not selected by the namespaceSelector of AxQueue {q}"
+                    )
+                } else {
+                    format!(
+                        "the labels of namespace {namespace} are not known yet; the namespaceSelector of AxQueue {q} admits it only once they match"
+                    )
+                },
                 None,
             ),
             Availability::Active => {
@@ -400,10 +508,13 @@ impl Registry {
                     HeldReason::RetryRateLimited => {
                         format!("the retryRatePerMinute of AxQueue {q} is used up")
                     }
-                    HeldReason::CircuitOpen => {
-                        format!("the circuit of type {task_type} in AxQueue {q} is open")
-                    }
-                    HeldReason::Waiting | HeldReason::QueueNotFound | HeldReason::QueueInvalid => {
+                    HeldReason::CircuitOpen => format!(
+                        "the circuit of type {task_type} for namespace {namespace} in AxQueue {q} is open"
+                    ),
+                    HeldReason::Waiting
+                    | HeldReason::QueueNotFound
+                    | HeldReason::QueueInvalid
+                    | HeldReason::QueueForbidden => {
                         format!("waiting for its turn in AxQueue {q}")
                     }
                 };
@@ -518,7 +629,10 @@ impl Registry {
                 } else {
                     Vec::new()
                 };
-                let open_circuits = circuits.iter().map(|(t, _)| t.clone()).collect();
+                // Sorted by type: one entry per type.
+                let mut open_circuits: Vec<String> =
+                    circuits.iter().map(|c| c.task_type.clone()).collect();
+                open_circuits.dedup();
                 QueueReport {
                     name: name.clone(),
                     exists,
@@ -532,6 +646,7 @@ impl Registry {
                     last_change: entry.last_change.clone(),
                     open_circuits,
                     circuits,
+                    forbidden: entry.forbidden,
                     dispatched: entry.dispatched_base.saturating_add(entry.dispatched),
                     dead: entry.dead_base.saturating_add(entry.dead),
                     retry_tokens: stats.retry_tokens,
@@ -563,6 +678,68 @@ impl Registry {
         self.queues
             .entry(queue.to_string())
             .or_insert_with(QueueEntry::new)
+    }
+
+    /// Records where a task is now, keeping the count of forbidden tasks of its queue (the task was
+    /// detached from any other queue first).
+    fn place(&mut self, key: &TaskKey, queue: &str, place: Place) {
+        let forbidden = place.is_forbidden();
+        let previous = self.tasks.insert(
+            key.clone(),
+            TaskEntry {
+                queue: queue.to_string(),
+                place,
+            },
+        );
+        let was_forbidden = previous.is_some_and(|t| t.place.is_forbidden());
+        let entry = self.entry(queue);
+        if forbidden && !was_forbidden {
+            entry.forbidden += 1;
+        } else if was_forbidden && !forbidden {
+            entry.forbidden = entry.forbidden.saturating_sub(1);
+        }
+    }
+
+    /// Moves each waiting task of `keys` into or out of its queue's dispatcher, as the queue
+    /// admits its namespace now. Returns how many moved.
+    fn resync(&mut self, keys: Vec<TaskKey>) -> usize {
+        let mut moved = 0;
+        for key in keys {
+            let Some(task) = self.tasks.get(&key) else {
+                continue;
+            };
+            let queue = task.queue.clone();
+            let labels = self.namespaces.get(&key.0);
+            let Some(entry) = self.queues.get_mut(&queue) else {
+                continue;
+            };
+            let place = match (&task.place, entry.admits(labels)) {
+                (Place::Waiting, false) => match entry.dispatcher.take_pending(&key) {
+                    Some(pending) => Place::Forbidden(pending),
+                    None => continue,
+                },
+                (Place::Forbidden(pending), true) => {
+                    entry.dispatcher.upsert(key.clone(), pending.clone());
+                    Place::Waiting
+                }
+                _ => continue,
+            };
+            self.place(&key, &queue, place);
+            moved += 1;
+        }
+        moved
+    }
+
+    /// Re-applies the selector of `queue` to its waiting tasks: one pass over the tasks, made only
+    /// when the selector changed or came into or out of force.
+    fn resync_queue(&mut self, queue: &str) -> usize {
+        let keys: Vec<TaskKey> = self
+            .tasks
+            .iter()
+            .filter(|(_, task)| task.queue == queue && !task.place.is_holding())
+            .map(|(key, _)| key.clone())
+            .collect();
+        self.resync(keys)
     }
 
     /// A task that moved to another queue (its `spec.queue` was edited) leaves the old one.
@@ -628,17 +805,20 @@ pub fn rebuild(
 pub fn pending_task(task: &AxTask) -> PendingTask {
     let created = task.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let status = task.status.clone().unwrap_or_default();
-    pending_of(&task.spec, &status, created)
+    let namespace = task.namespace().unwrap_or_default();
+    pending_of(&namespace, &task.spec, &status, created)
 }
 
 /// The same from a status that is not written yet (the reconciler's decision).
 pub fn pending_of(
+    namespace: &str,
     spec: &AxTaskSpec,
     status: &AxTaskStatus,
     created: Option<Timestamp>,
 ) -> PendingTask {
     PendingTask {
         priority: spec.priority,
+        namespace: namespace.to_string(),
         task_type: spec.task_type.clone(),
         queued_at: status
             .queued_at

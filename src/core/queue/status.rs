@@ -60,20 +60,22 @@ pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp
         circuits: report
             .circuits
             .iter()
-            .map(|(task_type, state)| CircuitStatus {
-                task_type: task_type.clone(),
-                state: match state {
+            .map(|circuit| CircuitStatus {
+                namespace: circuit.namespace.clone(),
+                task_type: circuit.task_type.clone(),
+                state: match circuit.state {
                     BreakerState::HalfOpen { .. } => "HalfOpen".into(),
                     _ => "Open".into(),
                 },
-                reopens_at: match state {
-                    BreakerState::Open { until } => Some(*until),
+                reopens_at: match circuit.state {
+                    BreakerState::Open { until } => Some(until),
                     _ => None,
                 },
             })
             .collect(),
         dispatched: report.dispatched,
         dead: report.dead,
+        forbidden: i64::try_from(report.forbidden).unwrap_or(i64::MAX),
         retry_tokens: i64::from(report.retry_tokens),
         conditions,
         observed_generation: report.generation,

@@ -1,6 +1,8 @@
 //! Tests of the registry: queues that do not exist or are invalid, slots held and released,
-//! outcomes fed to the breakers once, totals across leaders, rebuilding after a restart.
+//! outcomes fed to the breakers once, totals across leaders, rebuilding after a restart, which
+//! namespaces a queue admits and whose circuits open.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -20,6 +22,7 @@ fn key(name: &str) -> TaskKey {
 fn pending(priority: Priority, task_type: &str, at: i64, attempt: u32) -> PendingTask {
     PendingTask {
         priority,
+        namespace: "ns".into(),
         task_type: task_type.into(),
         queued_at: t(at),
         attempt,
@@ -524,4 +527,365 @@ fn the_refresh_reports_estimates_once_the_bucket_moves() {
         "{}",
         paused.message
     );
+}
+
+fn in_ns(namespace: &str, name: &str) -> TaskKey {
+    (namespace.to_string(), name.to_string())
+}
+
+fn pending_in(namespace: &str, task_type: &str, at: i64) -> PendingTask {
+    PendingTask {
+        namespace: namespace.into(),
+        ..pending(Priority::Normal, task_type, at, 1)
+    }
+}
+
+fn team(name: &str) -> Option<BTreeMap<String, String>> {
+    Some([("team".to_string(), name.to_string())].into())
+}
+
+fn selecting(team: &str, concurrency: i32) -> AxQueueSpec {
+    serde_json::from_value(serde_json::json!({
+        "concurrency": concurrency,
+        "namespaceSelector": {"matchLabels": {"team": team}},
+    }))
+    .expect("a spec")
+}
+
+#[test]
+fn a_task_of_a_namespace_the_queue_does_not_select_waits_apart_and_blocks_nothing() {
+    let mut registry = Registry::default();
+    registry.namespace_labels("a", team("a"));
+    registry.namespace_labels("b", team("b"));
+    registry.configure(&queue("shared", selecting("a", 1), None), t(0));
+    // b's task is older, but not selected: a's goes, and b's holds no slot.
+    registry.upsert(&in_ns("b", "early"), "shared", pending_in("b", "x", 0));
+    registry.upsert(&in_ns("a", "late"), "shared", pending_in("a", "x", 5));
+    let (reason, message) = registry
+        .held_reason(&in_ns("b", "early"), t(6))
+        .expect("held");
+    assert_eq!(reason, HeldReason::QueueForbidden);
+    assert_eq!(
+        message,
+        "namespace b is not selected by the namespaceSelector of AxQueue shared"
+    );
+    assert_eq!(
+        registry.next(t(6)),
+        Some((in_ns("a", "late"), "shared".to_string()))
+    );
+    assert_eq!(registry.next(t(6)), None);
+    let report = registry.reports(t(6)).remove(0);
+    assert_eq!(report.forbidden, 1);
+    assert_eq!(report.pending.iter().map(|(_, n)| n).sum::<usize>(), 0);
+    assert_eq!(
+        queue_status(&report, &AxQueueStatus::default(), t(6)).forbidden,
+        1
+    );
+    // Its slot freed, a's next task goes; b's still waits.
+    registry.remove(&in_ns("a", "late"));
+    registry.upsert(&in_ns("a", "next"), "shared", pending_in("a", "x", 7));
+    assert_eq!(
+        registry.next(t(8)).map(|(k, _)| k),
+        Some(in_ns("a", "next"))
+    );
+    assert!(
+        registry
+            .held(t(8))
+            .iter()
+            .any(|h| h.key == in_ns("b", "early") && h.reason == HeldReason::QueueForbidden)
+    );
+    // Deleted while forbidden: nothing is left of it.
+    assert!(!registry.remove(&in_ns("b", "early")));
+    assert_eq!(registry.reports(t(9))[0].forbidden, 0);
+}
+
+#[test]
+fn labelling_the_namespace_lets_its_tasks_in_and_unlabelling_holds_those_not_dispatched() {
+    let mut registry = Registry::default();
+    registry.configure(&queue("shared", selecting("a", 10), None), t(0));
+    registry.namespace_labels("b", Some(BTreeMap::new()));
+    for i in 0..3 {
+        registry.upsert(
+            &in_ns("b", &format!("t{i}")),
+            "shared",
+            pending_in("b", "x", i),
+        );
+    }
+    assert_eq!(registry.next(t(5)), None);
+    // Same labels again (a re-list): nothing to do.
+    assert_eq!(registry.namespace_labels("b", Some(BTreeMap::new())), 0);
+    assert_eq!(registry.namespace_labels("b", team("a")), 3);
+    assert_eq!(registry.reports(t(5))[0].forbidden, 0);
+    assert_eq!(registry.next(t(5)).map(|(k, _)| k), Some(in_ns("b", "t0")));
+    registry.dispatched(&in_ns("b", "t0"));
+    // Unlabelled: the running task keeps its slot, the others wait again, in their order.
+    assert_eq!(registry.namespace_labels("b", Some(BTreeMap::new())), 2);
+    assert!(registry.is_holding(&in_ns("b", "t0")));
+    assert_eq!(registry.next(t(6)), None);
+    assert_eq!(
+        registry
+            .held_reason(&in_ns("b", "t1"), t(6))
+            .map(|(r, _)| r),
+        Some(HeldReason::QueueForbidden)
+    );
+    // A task that was forbidden and is offered again stays forbidden.
+    registry.upsert(&in_ns("b", "t1"), "shared", pending_in("b", "x", 1));
+    assert_eq!(registry.reports(t(6))[0].forbidden, 2);
+    // Namespace deleted: no labels, so nothing is selected (its tasks are going anyway).
+    assert_eq!(registry.namespace_labels("b", team("a")), 2);
+    assert_eq!(registry.namespace_labels("b", None), 2);
+    assert!(registry.known_namespaces().is_empty());
+    // Back: t1 goes before t2 (queued earlier).
+    registry.namespace_labels("b", team("a"));
+    assert_eq!(registry.next(t(7)).map(|(k, _)| k), Some(in_ns("b", "t1")));
+}
+
+#[test]
+fn editing_the_selector_applies_at_once() {
+    let mut registry = Registry::default();
+    registry.namespace_labels("a", team("a"));
+    registry.namespace_labels("b", team("b"));
+    registry.configure(&queue("q", AxQueueSpec::default(), None), t(0));
+    registry.upsert(&in_ns("a", "x"), "q", pending_in("a", "x", 0));
+    registry.upsert(&in_ns("b", "y"), "q", pending_in("b", "x", 1));
+    registry.configure(&queue("q", selecting("b", 10), None), t(1));
+    assert_eq!(registry.reports(t(1))[0].forbidden, 1);
+    assert_eq!(registry.next(t(1)).map(|(k, _)| k), Some(in_ns("b", "y")));
+    assert_eq!(registry.next(t(1)), None);
+    // A namespace whose labels are not known yet is not admitted, even by a selector that selects
+    // no labels: its real ones may exclude it.
+    let mut spec = selecting("b", 10);
+    spec.namespace_selector = Some(
+        serde_json::from_value(serde_json::json!({
+            "matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["b"]}],
+        }))
+        .expect("a selector"),
+    );
+    registry.configure(&queue("q", spec, None), t(2));
+    registry.upsert(&in_ns("new", "z"), "q", pending_in("new", "x", 2));
+    assert_eq!(registry.next(t(2)).map(|(k, _)| k), Some(in_ns("a", "x")));
+    assert_eq!(registry.next(t(2)), None);
+    let (reason, message) = registry
+        .held_reason(&in_ns("new", "z"), t(2))
+        .expect("held");
+    assert_eq!(reason, HeldReason::QueueForbidden);
+    assert!(message.contains("not known yet"), "{message}");
+    // Seen, without labels: NotIn selects it.
+    assert_eq!(registry.namespace_labels("new", Some(BTreeMap::new())), 1);
+    assert_eq!(registry.next(t(2)).map(|(k, _)| k), Some(in_ns("new", "z")));
+    registry.upsert(&in_ns("new", "later"), "q", pending_in("new", "x", 3));
+    registry.namespace_labels("new", team("b"));
+    assert_eq!(registry.next(t(3)), None);
+    // Back to no selector: everyone is in.
+    registry.configure(&queue("q", AxQueueSpec::default(), None), t(3));
+    assert_eq!(registry.reports(t(3))[0].forbidden, 0);
+    assert_eq!(
+        registry.next(t(3)).map(|(k, _)| k),
+        Some(in_ns("new", "later"))
+    );
+}
+
+#[test]
+fn an_invalid_selector_is_reported_and_the_previous_one_stays() {
+    let mut registry = Registry::default();
+    registry.namespace_labels("b", team("b"));
+    registry.configure(&queue("q", selecting("a", 10), None), t(0));
+    let mut spec = selecting("a", 10);
+    spec.namespace_selector = Some(
+        serde_json::from_value(serde_json::json!({
+            "matchExpressions": [{"key": "team", "operator": "in", "values": ["b"]}],
+        }))
+        .expect("a selector"),
+    );
+    let problem = registry
+        .configure(&queue("q", spec, None), t(1))
+        .expect("refused");
+    assert!(
+        problem
+            .to_string()
+            .starts_with("spec.namespaceSelector.matchExpressions[0].operator"),
+        "{problem}"
+    );
+    registry.upsert(&in_ns("b", "t"), "q", pending_in("b", "x", 0));
+    assert_eq!(
+        registry.held_reason(&in_ns("b", "t"), t(1)).map(|(r, _)| r),
+        Some(HeldReason::QueueForbidden)
+    );
+}
+
+#[test]
+fn a_deleted_queue_holds_its_forbidden_tasks_as_missing_and_selects_again_when_back() {
+    let mut registry = Registry::default();
+    registry.configure(&queue("q", selecting("a", 10), None), t(0));
+    registry.upsert(&in_ns("b", "t"), "q", pending_in("b", "x", 0));
+    registry.queue_deleted("q");
+    assert_eq!(
+        registry.held_reason(&in_ns("b", "t"), t(1)).map(|(r, _)| r),
+        Some(HeldReason::QueueNotFound)
+    );
+    assert_eq!(registry.next(t(1)), None);
+    registry.configure(&queue("q", selecting("a", 10), None), t(2));
+    assert_eq!(
+        registry.held_reason(&in_ns("b", "t"), t(2)).map(|(r, _)| r),
+        Some(HeldReason::QueueForbidden)
+    );
+    registry.queue_deleted("q");
+    registry.configure(&queue("q", AxQueueSpec::default(), None), t(3));
+    assert_eq!(registry.next(t(3)).map(|(k, _)| k), Some(in_ns("b", "t")));
+}
+
+#[test]
+fn a_shared_queue_opens_the_circuit_of_the_failing_namespace_only() {
+    let mut registry = Registry::default();
+    let spec = AxQueueSpec {
+        circuit_breaker: CircuitBreakerSpec {
+            window_size: 2,
+            min_requests: 2,
+            failure_ratio: 0.5,
+            open_seconds: 30,
+        },
+        ..AxQueueSpec::default()
+    };
+    registry.configure(&queue("shared", spec, None), t(0));
+    for i in 0..2 {
+        let key = in_ns("team-a", &format!("fail{i}"));
+        registry.upsert(&key, "shared", pending_in("team-a", "x", i));
+        registry.next(t(1));
+        registry.record_outcome(&key, Outcome::Failed, t(1));
+        registry.remove(&key);
+    }
+    registry.upsert(
+        &in_ns("team-a", "held"),
+        "shared",
+        pending_in("team-a", "x", 2),
+    );
+    registry.upsert(
+        &in_ns("team-b", "goes"),
+        "shared",
+        pending_in("team-b", "x", 3),
+    );
+    let (reason, message) = registry
+        .held_reason(&in_ns("team-a", "held"), t(2))
+        .expect("held");
+    assert_eq!(reason, HeldReason::CircuitOpen);
+    assert!(message.contains("for namespace team-a"), "{message}");
+    assert_eq!(
+        registry.next(t(2)).map(|(k, _)| k),
+        Some(in_ns("team-b", "goes"))
+    );
+    let report = registry.reports(t(2)).remove(0);
+    assert_eq!(report.open_circuits, ["x".to_string()]);
+    let status = queue_status(&report, &AxQueueStatus::default(), t(2));
+    assert_eq!(
+        status
+            .circuits
+            .iter()
+            .map(|c| (c.namespace.as_str(), c.task_type.as_str(), c.state.as_str()))
+            .collect::<Vec<_>>(),
+        [("team-a", "x", "Open")]
+    );
+}
+
+mod selection_model {
+    //! The registry against a plain model of which namespaces a queue selects.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Namespace `ns` gets team label `team` (None: no label).
+        Label {
+            ns: u8,
+            team: Option<u8>,
+        },
+        /// The queue selects team `team` (None: everything).
+        Select(Option<u8>),
+        Upsert {
+            ns: u8,
+            task: u8,
+        },
+        Next,
+        Remove {
+            ns: u8,
+            task: u8,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0u8..3, proptest::option::of(0u8..2)).prop_map(|(ns, team)| Op::Label { ns, team }),
+            1 => proptest::option::of(0u8..2).prop_map(Op::Select),
+            4 => (0u8..3, 0u8..6).prop_map(|(ns, task)| Op::Upsert { ns, task }),
+            3 => Just(Op::Next),
+            1 => (0u8..3, 0u8..6).prop_map(|(ns, task)| Op::Remove { ns, task }),
+        ]
+    }
+
+    fn spec_for(team: Option<u8>) -> AxQueueSpec {
+        match team {
+            Some(team) => selecting(&team.to_string(), 1000),
+            None => AxQueueSpec::default(),
+        }
+    }
+
+    proptest! {
+        /// Nothing of a namespace the selector does not select is ever dispatched; every waiting
+        /// task is held as `QueueForbidden` exactly when its namespace is not selected; the
+        /// forbidden count matches.
+        #[test]
+        fn only_selected_namespaces_are_dispatched(ops in proptest::collection::vec(op(), 1..150)) {
+            let mut registry = Registry::default();
+            let mut labels: BTreeMap<String, Option<u8>> = BTreeMap::new();
+            let mut selected_team: Option<u8> = None;
+            let mut waiting: BTreeSet<TaskKey> = BTreeSet::new();
+            registry.configure(&queue("q", spec_for(None), None), t(0));
+            let selects = |labels: &BTreeMap<String, Option<u8>>, team: Option<u8>, ns: &str| {
+                team.is_none_or(|team| labels.get(ns).copied().flatten() == Some(team))
+            };
+            for (step, op) in ops.into_iter().enumerate() {
+                let now = t(step as i64);
+                match op {
+                    Op::Label { ns, team } => {
+                        let ns = format!("ns{ns}");
+                        let value = team.map(|team| [("team".to_string(), team.to_string())].into());
+                        registry.namespace_labels(&ns, Some(value.unwrap_or_default()));
+                        labels.insert(ns, team);
+                    }
+                    Op::Select(team) => {
+                        registry.configure(&queue("q", spec_for(team), None), now);
+                        selected_team = team;
+                    }
+                    Op::Upsert { ns, task } => {
+                        let namespace = format!("ns{ns}");
+                        let key = in_ns(&namespace, &format!("t{task}"));
+                        if !registry.is_holding(&key) {
+                            registry.upsert(&key, "q", pending_in(&namespace, "x", step as i64));
+                            waiting.insert(key);
+                        }
+                    }
+                    Op::Next => {
+                        if let Some((key, _)) = registry.next(now) {
+                            prop_assert!(selects(&labels, selected_team, &key.0), "{key:?} dispatched");
+                            prop_assert!(waiting.remove(&key));
+                        }
+                    }
+                    Op::Remove { ns, task } => {
+                        let key = in_ns(&format!("ns{ns}"), &format!("t{task}"));
+                        registry.remove(&key);
+                        waiting.remove(&key);
+                    }
+                }
+                let mut forbidden = 0;
+                for key in &waiting {
+                    let (reason, _) = registry.held_reason(key, now).expect("a waiting task is held");
+                    let selected = selects(&labels, selected_team, &key.0);
+                    prop_assert_eq!(reason == HeldReason::QueueForbidden, !selected, "{:?}", key);
+                    forbidden += usize::from(!selected);
+                }
+                prop_assert_eq!(registry.reports(now)[0].forbidden, forbidden);
+            }
+        }
+    }
 }
