@@ -22,6 +22,10 @@ use crate::core::worker;
 const TICK: Duration = Duration::from_millis(500);
 /// How often the reasons of held tasks are compared with their `Queued` conditions.
 const HELD_REFRESH_EVERY: Duration = Duration::from_secs(3);
+/// At most this many tasks are woken per refresh for a moved estimate alone (a changed reason
+/// always is): a long backlog whose estimates all drift costs a bounded write rate, the tasks
+/// nearest the front first, the rest at the next refreshes.
+const ESTIMATE_WRITES_PER_REFRESH: usize = 20;
 /// How often the registry and the tracking are checked against the cache, for deleted tasks.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -71,9 +75,13 @@ async fn start(ctx: &Ctx) {
 
 /// Wakes the reconcile of every waiting task whose `Queued` condition does not say what holds it
 /// now, or whose estimated start moved meaningfully (`estimate::moved`); the reconcile writes the
-/// new condition. One write per task whose reason or estimate changed, never per tick.
-fn wake_changed_reasons(ctx: &Ctx, held: Vec<Held>) {
+/// new condition. One write per task whose reason or estimate changed, never per tick, and at most
+/// [`ESTIMATE_WRITES_PER_REFRESH`] for estimates alone.
+fn wake_changed_reasons(ctx: &Ctx, mut held: Vec<Held>) {
     let now = Timestamp::now();
+    // Nearest the front first: theirs are the estimates a person is waiting on.
+    held.sort_by_key(|h| h.estimate.as_ref().map_or(u64::MAX, |e| e.position));
+    let mut estimate_budget = ESTIMATE_WRITES_PER_REFRESH;
     for h in held {
         let Some(task) = ctx.tasks.get(&ObjectRef::new(&h.key.1).within(&h.key.0)) else {
             continue;
@@ -85,9 +93,18 @@ fn wake_changed_reasons(ctx: &Ctx, held: Vec<Held>) {
             continue;
         }
         let says = status.conditions.iter().find(|c| c.type_ == "Queued");
-        if says.is_none_or(|c| {
-            c.reason != h.reason.as_str() || estimate::moved(&c.message, h.estimate.as_ref(), now)
-        }) {
+        let wake = match says {
+            None => true,
+            Some(c) if c.reason != h.reason.as_str() => true,
+            Some(c)
+                if estimate_budget > 0 && estimate::moved(&c.message, h.estimate.as_ref(), now) =>
+            {
+                estimate_budget -= 1;
+                true
+            }
+            Some(_) => false,
+        };
+        if wake {
             ctx.wake(&h.key);
         }
     }

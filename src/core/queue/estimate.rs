@@ -22,9 +22,9 @@ pub const RATE_TIME_CONSTANT: SignedDuration = SignedDuration::from_secs(120);
 /// No dispatch for this long: the rate is unknown.
 pub const STALE_AFTER: SignedDuration = SignedDuration::from_secs(600);
 /// An estimate that moved less than this is not rewritten...
-pub const MIN_SHIFT: SignedDuration = SignedDuration::from_secs(5);
+pub const MIN_SHIFT: SignedDuration = SignedDuration::from_secs(15);
 /// ... nor one that moved less than this share of the wait still ahead.
-pub const RELATIVE_SHIFT: f64 = 0.1;
+pub const RELATIVE_SHIFT: f64 = 0.2;
 
 const MARKER: &str = "estimated start ";
 const UNKNOWN: &str = "unknown";
