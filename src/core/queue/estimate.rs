@@ -218,16 +218,38 @@ pub fn moved(written: &str, new: Option<&Estimate>, now: Timestamp) -> bool {
     let before = written_start(written);
     match (before, new.map(|e| e.start)) {
         (None, None) => false,
-        (Some(Ok(old)), Some(Ok(start))) => {
-            let shift = start.duration_since(old).abs();
-            let ahead = start.duration_since(now).max(SignedDuration::ZERO);
-            let relative = SignedDuration::try_from_secs_f64(ahead.as_secs_f64() * RELATIVE_SHIFT)
-                .unwrap_or(SignedDuration::MAX);
-            shift > MIN_SHIFT.max(relative)
-        }
+        (Some(Ok(old)), Some(Ok(start))) => start_moved(old, start, now),
         (Some(Err(written_why)), Some(Err(why))) => new.is_some_and(|e| e.why(why) != written_why),
         _ => true,
     }
+}
+
+/// Whether the `Queued` message `new` says something `written` does not: another stem (what holds
+/// the task), or an estimate that [`moved`]. The place and time of the estimate alone change at
+/// every look, so a reconcile that rewrote them would write the status each time it runs.
+pub fn message_moved(written: &str, new: &str, now: Timestamp) -> bool {
+    let stem = |m: &str| {
+        m.split_once("; position ")
+            .map_or(m, |(stem, _)| stem)
+            .to_owned()
+    };
+    if stem(written) != stem(new) {
+        return true;
+    }
+    match (written_start(written), written_start(new)) {
+        (None, None) => written != new,
+        (Some(Ok(old)), Some(Ok(start))) => start_moved(old, start, now),
+        (Some(Err(a)), Some(Err(b))) => a != b,
+        _ => true,
+    }
+}
+
+fn start_moved(old: Timestamp, start: Timestamp, now: Timestamp) -> bool {
+    let shift = start.duration_since(old).abs();
+    let ahead = start.duration_since(now).max(SignedDuration::ZERO);
+    let relative = SignedDuration::try_from_secs_f64(ahead.as_secs_f64() * RELATIVE_SHIFT)
+        .unwrap_or(SignedDuration::MAX);
+    shift > MIN_SHIFT.max(relative)
 }
 
 #[cfg(test)]
@@ -235,6 +257,25 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_new_place_and_time_alone_is_not_a_new_message() {
+        let now: Timestamp = "2026-01-02T12:30:05Z".parse().unwrap();
+        let stem = "the concurrency of AxQueue batch is in use";
+        let written = format!(
+            "{stem}; position 57 of 300 in the Low bucket at 2026-01-02T12:30:05Z, estimated start 2026-01-02T12:32:00Z (30.0 dispatches/min)"
+        );
+        let later = format!(
+            "{stem}; position 50 of 293 in the Low bucket at 2026-01-02T12:30:19Z, estimated start 2026-01-02T12:32:03Z (30.5 dispatches/min)"
+        );
+        assert!(!message_moved(&written, &later, now));
+        let moved_far = later.replace("12:32:03", "12:40:00");
+        assert!(message_moved(&written, &moved_far, now));
+        let other_reason = later.replace("the concurrency of", "the retry rate of");
+        assert!(message_moved(&written, &other_reason, now));
+        assert!(message_moved(&written, stem, now));
+        assert!(!message_moved(stem, stem, now));
+    }
 
     fn t(millis: i64) -> Timestamp {
         Timestamp::from_millisecond(1_900_000_000_000 + millis).expect("in range")

@@ -9,7 +9,7 @@ use super::observe::rerun_requested;
 use super::reason::Reason;
 use super::{Decision, Inputs};
 use crate::api::{AxTaskStatus, Condition, TaskPhase};
-use crate::core::queue::HeldReason;
+use crate::core::queue::{HeldReason, estimate};
 
 pub const READY: &str = "Ready";
 pub const QUEUED: &str = "Queued";
@@ -237,7 +237,20 @@ fn queued(
         );
     }
     match inputs.held {
-        Some((reason, message)) => ("True", reason.as_str().into(), message.to_string()),
+        Some((reason, message)) => {
+            // Same reason and an estimate that did not move: keep the written message, whose
+            // place and time alone would differ at every reconcile (and cost a write each).
+            let current = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == QUEUED && c.status == "True" && c.reason == reason.as_str());
+            match current {
+                Some(c) if !estimate::message_moved(&c.message, message, now) => {
+                    ("True", c.reason.clone(), c.message.clone())
+                }
+                _ => ("True", reason.as_str().into(), message.to_string()),
+            }
+        }
         None => {
             // What holds a queued task is the queue's to say: keep its last word.
             let current = status.conditions.iter().find(|c| c.type_ == QUEUED);
