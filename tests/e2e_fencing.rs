@@ -83,7 +83,8 @@ async fn terminating_or_failed_starts_the_next_attempt_beside_a_terminating_pod(
         "eager",
         "[ \"$AX_ATTEMPT\" -ge 2 ] && exit 0; trap '' TERM; sleep 300",
         |v| {
-            v["spec"]["timeout"] = serde_json::json!({"hardSeconds": 8});
+            // Attempt 2 must start and exit within it too, beside a terminating pod on a busy node.
+            v["spec"]["timeout"] = serde_json::json!({"hardSeconds": 20});
             v["spec"]["retry"]["podReplacementPolicy"] = "TerminatingOrFailed".into();
             v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 40.into();
         },
