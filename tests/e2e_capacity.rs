@@ -14,62 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
+use common::queue::{create_queue, patch_queue};
 use common::sim_pool::SimPool;
 use common::*;
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp, ToSpan};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
-
-/// An AxQueue for one test, deleted when the test ends (also when it fails).
-struct TestQueue {
-    name: String,
-}
-
-impl Drop for TestQueue {
-    fn drop(&mut self) {
-        run_kubectl(
-            &[
-                "delete",
-                "axqueue",
-                &self.name,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            None,
-        );
-    }
-}
-
-async fn create_queue(client: &Client, test: &str, spec: serde_json::Value) -> TestQueue {
-    let name = format!("e2e-{test}-{:04x}", rand::random::<u16>());
-    let queue: AxQueue = serde_json::from_value(json!({
-        "apiVersion": "ax.dev/v1alpha1",
-        "kind": "AxQueue",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .expect("an AxQueue");
-    let api: Api<AxQueue> = Api::all(client.clone());
-    api.create(&PostParams::default(), &queue)
-        .await
-        .expect("create queue");
-    TestQueue { name }
-}
-
-async fn patch_queue(client: &Client, name: &str, spec: serde_json::Value) {
-    let api: Api<AxQueue> = Api::all(client.clone());
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": spec})),
-    )
-    .await
-    .expect("patch queue");
-}
 
 async fn get_queue(client: &Client, name: &str) -> AxQueue {
     let api: Api<AxQueue> = Api::all(client.clone());

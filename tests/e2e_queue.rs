@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
+use common::queue::{TestQueue, create_queue, patch_queue};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use futures::StreamExt;
@@ -24,53 +25,6 @@ const PRIORITIES: [Priority; 4] = [
     Priority::Normal,
     Priority::Low,
 ];
-
-/// An AxQueue for one test, deleted when the test ends (also when it fails).
-struct TestQueue {
-    name: String,
-}
-
-impl Drop for TestQueue {
-    fn drop(&mut self) {
-        run_kubectl(
-            &[
-                "delete",
-                "axqueue",
-                &self.name,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            None,
-        );
-    }
-}
-
-async fn create_queue(client: &Client, test: &str, spec: serde_json::Value) -> TestQueue {
-    let name = format!("e2e-{test}-{:04x}", rand::random::<u16>());
-    let queue: AxQueue = serde_json::from_value(json!({
-        "apiVersion": "ax.dev/v1alpha1",
-        "kind": "AxQueue",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .expect("an AxQueue");
-    let api: Api<AxQueue> = Api::all(client.clone());
-    api.create(&PostParams::default(), &queue)
-        .await
-        .expect("create queue");
-    TestQueue { name }
-}
-
-async fn patch_queue(client: &Client, name: &str, spec: serde_json::Value) {
-    let api: Api<AxQueue> = Api::all(client.clone());
-    api.patch(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": spec})),
-    )
-    .await
-    .expect("patch queue");
-}
 
 /// Polls the queue until `done` holds, or panics after `timeout` showing its last status.
 async fn wait_queue(

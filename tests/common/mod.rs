@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod helm;
 pub mod metrics;
 pub mod operator;
+pub mod queue;
 pub mod sim;
 pub mod sim_pool;
 

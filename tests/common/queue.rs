@@ -1,0 +1,55 @@
+//! AxQueues made for one test.
+
+use ax::api::AxQueue;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::run_kubectl;
+
+/// An AxQueue for one test, deleted when the test ends (also when it fails).
+pub struct TestQueue {
+    pub name: String,
+}
+
+impl Drop for TestQueue {
+    fn drop(&mut self) {
+        run_kubectl(
+            &[
+                "delete",
+                "axqueue",
+                &self.name,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
+}
+
+pub async fn create_queue(client: &Client, test: &str, spec: serde_json::Value) -> TestQueue {
+    let name = format!("e2e-{test}-{:04x}", rand::random::<u16>());
+    let queue: AxQueue = serde_json::from_value(json!({
+        "apiVersion": "ax.dev/v1alpha1",
+        "kind": "AxQueue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("an AxQueue");
+    let api: Api<AxQueue> = Api::all(client.clone());
+    api.create(&PostParams::default(), &queue)
+        .await
+        .expect("create queue");
+    TestQueue { name }
+}
+
+pub async fn patch_queue(client: &Client, name: &str, spec: serde_json::Value) {
+    let api: Api<AxQueue> = Api::all(client.clone());
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": spec})),
+    )
+    .await
+    .expect("patch queue");
+}
