@@ -20,7 +20,7 @@ use common::*;
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp, ToSpan};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -689,36 +689,61 @@ fn queued_message(task: &AxTask) -> String {
         .unwrap_or_default()
 }
 
+/// Cancels the `per_tick` longest-dispatched live tasks of `ns` every second, until aborted: a
+/// dispatch clock that does not depend on how long workers take to start. A late tick delays its
+/// own grants, never every later one, as a chain of finishing workers would.
+fn cancel_clock(client: &Client, ns: &str, per_tick: usize) -> tokio::task::JoinHandle<()> {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            // A failed read (the API server is busy) just skips a tick.
+            let Ok(list) = api.list(&ListParams::default()).await else {
+                continue;
+            };
+            let mut live: Vec<(Timestamp, String)> = list
+                .items
+                .iter()
+                .filter(|t| !t.spec.cancel)
+                .filter(|t| matches!(phase(t), Some(TaskPhase::Scheduled | TaskPhase::Running)))
+                .filter_map(|t| Some((t.status.as_ref()?.scheduled_at?, t.name_any())))
+                .collect();
+            live.sort();
+            for (_, name) in live.into_iter().take(per_tick) {
+                let patch = json!({"spec": {"cancel": true}});
+                if let Err(e) = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    eprintln!("cancel clock: {name}: {e}");
+                }
+            }
+        }
+    })
+}
+
 #[tokio::test]
-#[ignore = "timing-dependent: the rate it builds assumes a worker's start-up is small beside its 15 s of work, which a busy 2-CPU node breaks (run it alone: cargo test --test e2e_capacity -- --ignored estimated)"]
 async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     let client = client().await;
     let ns = namespace(&client, "estimate").await;
     // Paused while the tasks are queued, so all 300 wait from the start.
     let queue = create_queue(&client, "estimate", json!({"concurrency": 0})).await;
-    // A steady rate by construction: the first 30 (granted at once) run 0.5 s, 1 s, ... 15 s, every
-    // later one 15 s, so each of the 30 slots frees every 15 s (plus the cluster's overhead) half
-    // a second after the one before. The tasks' length dominates the cycle, so how busy the shared
-    // cluster is moves the rate little. A bucket is in creation order, to the second: the 30 short
-    // ones are created a second before the rest so that they are the first granted.
-    let mut tasks: Vec<AxTask> = (1..=300u64)
+    // A steady rate by construction: every worker would run for an hour, and the test cancels two
+    // running tasks a second, so the full queue grants two slots a second. A bucket is in creation
+    // order, to the second: the names only label the tasks.
+    let tasks: Vec<AxTask> = (1..=300u64)
         .map(|i| {
             task_with(
                 &format!("e-{i:03}"),
                 &queue.name,
                 Priority::Low,
-                shared_sim_pod(i.min(30) * 500),
+                shared_sim_pod(3_600_000),
             )
         })
         .collect();
-    let rest = tasks.split_off(30);
     create_all(&client, &ns, tasks).await;
-    wait_queue(&client, &queue.name, LONG, "30 pending", |q| {
-        q.status.as_ref().is_some_and(|s| s.pending.low == 30)
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    create_all(&client, &ns, rest).await;
     wait_queue(&client, &queue.name, LONG, "300 pending", |q| {
         q.status.as_ref().is_some_and(|s| s.pending.low == 300)
     })
@@ -735,45 +760,54 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     );
 
     patch_queue(&client, &queue.name, json!({"concurrency": 30})).await;
+    let clock = cancel_clock(&client, &ns, 2);
     wait_queue(
         &client,
         &queue.name,
         Duration::from_secs(180),
-        "40 dispatched",
-        // The first 30 grants at once are not measured; the next 10 show the steady rate.
-        |q| q.status.as_ref().is_some_and(|s| s.dispatched >= 40),
+        "60 dispatched",
+        // The first 30 grants at once are not measured; the next 30 show the steady rate.
+        |q| q.status.as_ref().is_some_and(|s| s.dispatched >= 60),
     )
     .await;
-    let mut estimates = Vec::new();
+    // Estimates are written a few at a time (their writes are capped), so each is waited for.
+    let mut picked = Vec::new();
     for name in ["e-100", "e-200", "e-300"] {
         let task = wait_task(&client, &ns, name, LONG, |t| {
             phase(t) == Some(TaskPhase::Pending) && estimated_start(t).is_some()
         })
         .await;
-        estimates.push((
-            name,
-            estimated_start(&task).expect("an estimate"),
-            Timestamp::now(),
-            queued_message(&task),
-        ));
+        let estimate = estimated_start(&task).expect("an estimate");
+        picked.push((estimate, name.to_string(), Timestamp::now()));
     }
-    let finished = wait_all_succeeded(&client, &ns, Duration::from_secs(400)).await;
-    for (name, estimate, read_at, message) in estimates {
-        let task = finished
+    let deadline = Instant::now() + Duration::from_secs(400);
+    let started: Vec<Timestamp> = loop {
+        let tasks = list_tasks(&client, &ns).await;
+        let scheduled: Option<Vec<Timestamp>> = picked
             .iter()
-            .find(|t| t.name_any() == name)
-            .expect("the task");
-        let started = task
-            .status
-            .as_ref()
-            .and_then(|s| s.scheduled_at)
-            .expect("dispatched");
-        let waited = started.duration_since(read_at).as_secs_f64();
+            .map(|(_, name, _)| {
+                let task = tasks.iter().find(|t| &t.name_any() == name)?;
+                task.status.as_ref()?.scheduled_at
+            })
+            .collect();
+        if let Some(scheduled) = scheduled {
+            break scheduled;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all of {picked:?} dispatched within 400 s"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    clock.abort();
+    for ((estimate, name, read_at), started) in picked.iter().zip(started) {
+        let waited = started.duration_since(*read_at).as_secs_f64();
         let error = estimate.duration_since(started).as_secs_f64().abs();
+        eprintln!("{name}: off by {error:.1}s on a wait of {waited:.1}s");
         assert!(
             error <= 0.25 * waited,
             "{name}: estimated {estimate}, started {started}: off by {error:.1}s on a wait of \
-             {waited:.1}s from when it was read ({message})"
+             {waited:.1}s from when it was read"
         );
     }
     run_kubectl(&["delete", "namespace", &ns, "--wait=false"], None);
