@@ -636,3 +636,75 @@ async fn a_malformed_template_is_dead_naming_the_field_and_stalls_no_other_task(
         .await;
     }
 }
+
+#[tokio::test]
+async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stall_no_other_task() {
+    let client = client().await;
+    let ns = namespace(&client, "unreadable").await;
+    // The API server's date-time format admits more fractional digits than a timestamp holds, so
+    // it stores objects the operator cannot read; one of them must not stop its watch of the rest.
+    let start = "2026-12-01T10:00:00.123456789123Z";
+    let task = format!(
+        r#"{{"apiVersion":"ax.dev/v1alpha1","kind":"AxTask","metadata":{{"name":"bad-start"}},
+        "spec":{{"type":"unreadable","startAfter":"{start}","template":{{"spec":{{"containers":[{{"name":"w","image":"x"}}]}}}}}}}}"#
+    );
+    let dag = format!(
+        r#"{{"apiVersion":"ax.dev/v1alpha1","kind":"AxDag","metadata":{{"name":"bad-dag"}},
+        "spec":{{"tasks":[{{"name":"a","spec":{{"type":"unreadable","startAfter":"{start}",
+        "template":{{"spec":{{"containers":[{{"name":"w","image":"x"}}]}}}}}}}}]}}}}"#
+    );
+    for object in [&task, &dag] {
+        let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(object));
+        assert!(ok, "{err}");
+    }
+    let worker = SimWorker::running_for(200);
+    for i in 0..20 {
+        create(
+            &client,
+            &ns,
+            &sim_task_with(&format!("good-{i:02}"), "unreadable", &worker, |_| {}),
+        )
+        .await;
+    }
+    for (kind, name, field) in [
+        ("AxTask", "bad-start", "spec.startAfter"),
+        ("AxDag", "bad-dag", "spec.tasks[0].spec.startAfter"),
+    ] {
+        let events = wait_events_of(&client, &ns, kind, name, &["Unreadable"]).await;
+        let warning = events
+            .iter()
+            .find(|e| e.reason.as_deref() == Some("Unreadable"))
+            .expect("the Unreadable event");
+        assert_eq!(warning.type_.as_deref(), Some("Warning"));
+        let note = warning.message.clone().unwrap_or_default();
+        assert!(
+            note.contains(&format!("{field}: ")),
+            "{kind} {name}: {note}"
+        );
+    }
+    for i in 0..20 {
+        wait_phase(
+            &client,
+            &ns,
+            &format!("good-{i:02}"),
+            TaskPhase::Succeeded,
+            LONG,
+        )
+        .await;
+    }
+    // Skipped, not acted on: no status, no worker.
+    let (ok, out, err) = run_kubectl(
+        &[
+            "get",
+            "axtask",
+            "bad-start",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.status}",
+        ],
+        None,
+    );
+    assert!(ok && out.trim().is_empty(), "status {out:?} {err}");
+    assert!(pods_of(&client, &ns, "bad-start").await.is_empty());
+}

@@ -15,7 +15,7 @@ pub const LABEL_DAG: &str = "ax.dev/dag";
 pub const LABEL_DAG_TASK: &str = "ax.dev/dag-task";
 
 /// A graph of tasks: each starts once all the tasks it depends on succeeded.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ax.dev",
     version = "v1alpha1",

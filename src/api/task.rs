@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use super::{Condition, date_time, preserve_unknown_object};
 
 /// What to run, how urgently, and what to do when it fails.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ax.dev",
     version = "v1alpha1",

@@ -24,7 +24,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::write::{ApiError, api_message};
-use super::{Error, FIELD_MANAGER, Result, cache};
+use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
     ANNOTATION_CATCH_UP, AxCron, AxCronStatus, AxDag, AxTask, Condition, DagPhase, LABEL_CRON,
     LABEL_SCHEDULED_TIME, TaskPhase,
@@ -71,22 +71,22 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
     let (tasks, tasks_writer) = reflector::store();
     let task_events = reflector::reflector(
         tasks_writer,
-        watcher(
-            Api::<AxTask>::all(client.clone()),
+        readable::watch(
+            client.clone(),
             watcher::Config::default().labels(LABEL_CRON).any_semantic(),
+            None,
         )
-        .default_backoff()
         .modify(cache::task),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();
     let dag_events = reflector::reflector(
         dags_writer,
-        watcher(
-            Api::<AxDag>::all(client.clone()),
+        readable::watch::<AxDag>(
+            client.clone(),
             watcher::Config::default().labels(LABEL_CRON).any_semantic(),
-        )
-        .default_backoff(),
+            None,
+        ),
     )
     .touched_objects();
     // Lists from the API server's watch cache (`any_semantic`): a label-selected quorum list pages
@@ -94,6 +94,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
     let controller = Controller::new(crons, watcher::Config::default().any_semantic())
         .owns_stream(task_events)
         .owns_stream(dag_events)
+        .with_config(super::controller_config())
         .shutdown_on_signal();
     let ctx = Arc::new(CronContext {
         client,

@@ -20,7 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::write::{self, ApiError};
-use super::{Error, FIELD_MANAGER, Result, cache};
+use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
     AxDag, AxDagStatus, AxTask, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK, TaskPhase,
 };
@@ -109,22 +109,32 @@ const CONTROLLER: &str = "axdag";
 
 /// Runs the AxDag controller until a shutdown signal.
 pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
-    let dags: Api<AxDag> = Api::all(client.clone());
-    let tasks: Api<AxTask> = Api::all(client.clone());
     let (children, children_writer) = reflector::store();
     let child_events = reflector::reflector(
         children_writer,
-        // From the watch cache, stripped like the task controller's copies (see `cache`).
-        watcher(
-            tasks,
+        // From the watch cache, stripped like the task controller's copies (see `cache`). An
+        // unreadable child is reported by the task controller's watch.
+        readable::watch(
+            client.clone(),
             watcher::Config::default().labels(LABEL_DAG).any_semantic(),
+            None,
         )
-        .default_backoff()
         .modify(cache::task),
     )
     .touched_objects();
-    let controller = Controller::new(dags, watcher::Config::default().any_semantic())
+    let (dags, dags_writer) = reflector::store();
+    let dag_events = reflector::reflector(
+        dags_writer,
+        readable::watch::<AxDag>(
+            client.clone(),
+            watcher::Config::default().any_semantic(),
+            Some(readable::Reporter::new(recorder.clone())),
+        ),
+    )
+    .touched_objects();
+    let controller = Controller::for_stream(dag_events, dags)
         .owns_stream(child_events)
+        .with_config(super::controller_config())
         .shutdown_on_signal();
     let ctx = Arc::new(DagContext {
         client,

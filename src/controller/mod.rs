@@ -17,6 +17,7 @@ pub mod dag;
 pub mod dispatch;
 pub mod namespace;
 pub mod queue;
+pub mod readable;
 pub mod run;
 pub mod task;
 pub mod write;
@@ -42,6 +43,17 @@ pub use crate::core::queue::TaskKey;
 
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "ax-operator";
+
+/// Reconciles of one controller in flight at once. The client speaks HTTP/1.1, so every request
+/// in flight holds a TLS connection to the API server: unbounded, a backlog of 100,000 new tasks
+/// opened ~700 connections and queued thousands of writes the API server could not serve (504s).
+/// A few dozen keep a 2-core API server busy; the rest wait in the controller's queue, deduplicated.
+pub fn controller_config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(32)
+}
+
+/// Events being published at once, for the same reason: they are a record, never urgent.
+static EVENTS_IN_FLIGHT: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
 
 /// How long a pod this process created counts as existing while the cache has not shown it: long
 /// enough for any watch lag, short enough that a pod deleted before the cache saw it is noticed.
@@ -368,6 +380,9 @@ where
         secondary: None,
     };
     tokio::spawn(async move {
+        let Ok(_permit) = EVENTS_IN_FLIGHT.acquire().await else {
+            return;
+        };
         if let Err(e) = recorder.publish(&event, &reference).await {
             tracing::debug!(error = %e, "publishing event failed");
         }

@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
-use super::{Context, Queues, Tracking, cache, dispatch, namespace, queue, task};
-use crate::api::{AxQueue, AxTask};
+use super::{Context, Queues, Tracking, cache, dispatch, namespace, queue, readable, task};
+use crate::api::AxQueue;
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
 
@@ -38,7 +38,6 @@ pub async fn run(
     client: Client,
     settings: Settings,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let tasks_api: Api<AxTask> = Api::all(client.clone());
     let pods_api: Api<Pod> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
     let queues_api: Api<AxQueue> = Api::all(client.clone());
@@ -81,24 +80,29 @@ pub async fn run(
 
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
     let (wake, woken) = futures::channel::mpsc::unbounded();
-    let (tasks, tasks_writer) = reflector::store();
-    let task_events = reflector::reflector(
-        tasks_writer,
-        watcher(tasks_api, watcher::Config::default().any_semantic())
-            .default_backoff()
-            .modify(cache::task),
-    )
-    .touched_objects();
-    let controller = Controller::for_stream(task_events, tasks)
-        .owns_stream(pod_events)
-        .reconcile_on(woken);
     let reporter = Reporter {
         controller: "ax-operator".into(),
         instance: Some(settings.identity.clone()),
     };
+    let (tasks, tasks_writer) = reflector::store();
+    let recorder = Recorder::new(client.clone(), reporter);
+    let task_events = reflector::reflector(
+        tasks_writer,
+        readable::watch(
+            client.clone(),
+            watcher::Config::default().any_semantic(),
+            Some(readable::Reporter::new(recorder.clone())),
+        )
+        .modify(cache::task),
+    )
+    .touched_objects();
+    let controller = Controller::for_stream(task_events, tasks)
+        .owns_stream(pod_events)
+        .reconcile_on(woken)
+        .with_config(super::controller_config());
     let ctx = Arc::new(Context {
         client: client.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder,
         tasks: controller.store(),
         pods: pods.clone(),
         nodes: nodes.clone(),

@@ -1,0 +1,287 @@
+//! Watches that survive objects this operator cannot read.
+//!
+//! The API server stores what the CRD's schema admits, and that is more than serde reads: a
+//! timestamp with more than nine fractional digits, a value written by an older or newer version of
+//! ax or by another client. A kube watcher of `AxTask` fails its whole list on one such object, so
+//! one bad task would stop every task (and every restart would stall on it). Here each object is
+//! read on its own: an unreadable one is left out of the cache — removed, if an older readable copy
+//! was there — and reported once per version with a Warning Event that names the field.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt, future};
+use kube::api::ObjectMeta;
+use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer};
+
+use crate::api::{AxDag, AxDagSpec, AxTask, AxTaskSpec};
+
+/// The Event reason of an object the operator skips.
+pub const REASON: &str = "Unreadable";
+
+/// An object as the API server sent it: read, or why not.
+#[derive(Clone, Debug)]
+pub struct Checked<K>(pub Result<K, Unreadable>);
+
+/// An object that does not read as its type: its metadata and the failing field.
+#[derive(Clone, Debug)]
+pub struct Unreadable {
+    pub metadata: ObjectMeta,
+    /// `spec.startAfter: premature end of input`-style: the path, then serde's reason.
+    pub error: String,
+}
+
+impl<'de, K: DeserializeOwned> Deserialize<'de> for Checked<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        // Read from a borrow: the value is copied only when the object is unreadable.
+        if let Ok(object) = K::deserialize(&value) {
+            return Ok(Checked(Ok(object)));
+        }
+        let error = match serde_path_to_error::deserialize::<_, K>(&value) {
+            Ok(object) => return Ok(Checked(Ok(object))),
+            Err(e) if e.path().to_string() == "." => e.into_inner().to_string(),
+            Err(e) => format!("{}: {}", e.path(), e.inner()),
+        };
+        let metadata = ObjectMeta::deserialize(value.get("metadata").unwrap_or(&value))
+            .map_err(|e| D::Error::custom(format!("metadata: {e}")))?;
+        Ok(Checked(Err(Unreadable { metadata, error })))
+    }
+}
+
+impl<K: Resource> Resource for Checked<K> {
+    type DynamicType = K::DynamicType;
+    type Scope = K::Scope;
+
+    fn kind(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        self.0.as_ref().map_or_else(|u| &u.metadata, K::meta)
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        self.0
+            .as_mut()
+            .map_or_else(|u| &mut u.metadata, K::meta_mut)
+    }
+}
+
+/// An object with nothing but its metadata: what a cache is told to delete.
+pub trait Placeholder {
+    fn placeholder(metadata: ObjectMeta) -> Self;
+}
+
+impl Placeholder for AxTask {
+    fn placeholder(metadata: ObjectMeta) -> Self {
+        AxTask {
+            metadata,
+            spec: AxTaskSpec::default(),
+            status: None,
+        }
+    }
+}
+
+impl Placeholder for AxDag {
+    fn placeholder(metadata: ObjectMeta) -> Self {
+        AxDag {
+            metadata,
+            spec: AxDagSpec::default(),
+            status: None,
+        }
+    }
+}
+
+/// Publishes one Warning Event per unreadable object version.
+#[derive(Clone)]
+pub struct Reporter {
+    recorder: Recorder,
+    reported: Arc<Mutex<HashSet<(String, String)>>>,
+}
+
+impl Reporter {
+    pub fn new(recorder: Recorder) -> Self {
+        Reporter {
+            recorder,
+            reported: Arc::default(),
+        }
+    }
+
+    fn report<K>(&self, unreadable: &Unreadable)
+    where
+        K: Resource<DynamicType = ()> + Placeholder,
+    {
+        let meta = &unreadable.metadata;
+        let version = (
+            meta.uid.clone().unwrap_or_default(),
+            meta.resource_version.clone().unwrap_or_default(),
+        );
+        let Ok(mut reported) = self.reported.lock() else {
+            return;
+        };
+        if !reported.insert(version) {
+            return;
+        }
+        drop(reported);
+        tracing::warn!(
+            kind = %K::kind(&()),
+            namespace = meta.namespace.as_deref().unwrap_or(""),
+            name = meta.name.as_deref().unwrap_or(""),
+            error = %unreadable.error,
+            "skipping an object this operator cannot read"
+        );
+        let note = format!(
+            "{} {} is skipped: this operator cannot read {}",
+            K::kind(&()),
+            meta.name.as_deref().unwrap_or(""),
+            unreadable.error
+        );
+        let object = K::placeholder(meta.clone());
+        super::publish_event(&self.recorder, &object, EventType::Warning, REASON, &note);
+    }
+}
+
+/// A watcher of every `K` (like `watcher(Api::all(client), config).default_backoff()`) whose
+/// unreadable objects are left out, or deleted from the cache when a readable copy came before;
+/// with a reporter they are also reported.
+pub fn watch<K>(
+    client: Client,
+    config: watcher::Config,
+    reporter: Option<Reporter>,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Resource<DynamicType = ()> + Placeholder + Clone + DeserializeOwned + Debug + Send + Sync,
+    K: 'static,
+{
+    let api: Api<Checked<K>> = Api::all(client);
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(move |event| {
+            future::ready(match event {
+                Ok(event) => readable(event, reporter.as_ref()).map(Ok),
+                Err(e) => Some(Err(e)),
+            })
+        })
+}
+
+fn readable<K>(
+    event: watcher::Event<Checked<K>>,
+    reporter: Option<&Reporter>,
+) -> Option<watcher::Event<K>>
+where
+    K: Resource<DynamicType = ()> + Placeholder,
+{
+    use watcher::Event::*;
+    let unreadable = |u: Unreadable| {
+        if let Some(reporter) = reporter {
+            reporter.report::<K>(&u);
+        }
+        K::placeholder(u.metadata)
+    };
+    Some(match event {
+        Init => Init,
+        InitDone => InitDone,
+        InitApply(Checked(Ok(k))) => InitApply(k),
+        Apply(Checked(Ok(k))) => Apply(k),
+        Delete(Checked(Ok(k))) => Delete(k),
+        // Never listed, so nothing to remove.
+        InitApply(Checked(Err(u))) => {
+            unreadable(u);
+            return None;
+        }
+        // The cache may hold an older, readable copy: it must not act on that.
+        Apply(Checked(Err(u))) => Delete(unreadable(u)),
+        Delete(Checked(Err(u))) => Delete(K::placeholder(u.metadata)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn task(spec: serde_json::Value) -> serde_json::Value {
+        json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask",
+            "metadata": {"name": "t", "namespace": "ns", "uid": "u", "resourceVersion": "7"},
+            "spec": spec,
+        })
+    }
+
+    #[test]
+    fn a_readable_object_reads_as_itself() {
+        let value = task(json!({"type": "x", "template": {}}));
+        let checked: Checked<AxTask> = serde_json::from_value(value.clone()).expect("reads");
+        let expected: AxTask = serde_json::from_value(value).expect("reads");
+        let read = checked.0.expect("readable");
+        assert_eq!(
+            (read.metadata, read.spec),
+            (expected.metadata, expected.spec)
+        );
+    }
+
+    #[test]
+    fn an_unreadable_object_keeps_its_metadata_and_names_the_field() {
+        let value = task(json!({"type": "x", "template": {},
+            "startAfter": "2026-12-01T10:00:00.123456789123Z"}));
+        let checked: Checked<AxTask> = serde_json::from_value(value).expect("never fails");
+        let unreadable = checked.0.expect_err("unreadable");
+        assert_eq!(unreadable.metadata.name.as_deref(), Some("t"));
+        assert_eq!(unreadable.metadata.resource_version.as_deref(), Some("7"));
+        assert!(
+            unreadable.error.starts_with("spec.startAfter: "),
+            "{}",
+            unreadable.error
+        );
+    }
+
+    #[test]
+    fn a_list_with_one_unreadable_object_reads_the_others() {
+        let list = json!({"metadata": {}, "items": [
+            task(json!({"type": "a", "template": {}})),
+            task(json!({"type": "b", "template": {}, "timeout": {"hardSeconds": "ten"}})),
+            task(json!({"type": "c", "template": {}})),
+        ]});
+        let list: kube::core::ObjectList<Checked<AxTask>> =
+            serde_json::from_value(list).expect("the list reads");
+        let readable: Vec<_> = list
+            .items
+            .iter()
+            .filter_map(|c| c.0.as_ref().ok())
+            .map(|t| t.spec.task_type.as_str())
+            .collect();
+        assert_eq!(readable, ["a", "c"]);
+    }
+
+    #[test]
+    fn an_object_turned_unreadable_is_deleted_from_the_cache_and_never_listed() {
+        let bad = || {
+            Checked::<AxTask>(Err(Unreadable {
+                metadata: ObjectMeta {
+                    name: Some("t".into()),
+                    ..ObjectMeta::default()
+                },
+                error: "spec.x: bad".into(),
+            }))
+        };
+        assert!(matches!(
+            readable(watcher::Event::Apply(bad()), None),
+            Some(watcher::Event::Delete(t)) if t.metadata.name.as_deref() == Some("t")
+        ));
+        assert!(readable(watcher::Event::InitApply(bad()), None).is_none());
+    }
+}
