@@ -597,6 +597,16 @@ async fn kubectl_shows_columns_and_explains_fields() {
     }
 }
 
+/// Twenty short tasks of `task_type` on the sim nodes, beside a bad object; returns their names.
+async fn create_good_tasks(client: &kube::Client, ns: &str, task_type: &str) -> Vec<String> {
+    let worker = SimWorker::running_for(200);
+    let names: Vec<String> = (0..20).map(|i| format!("good-{i:02}")).collect();
+    for name in &names {
+        create(client, ns, &sim_task_with(name, task_type, &worker, |_| {})).await;
+    }
+    names
+}
+
 #[tokio::test]
 async fn a_malformed_template_is_dead_naming_the_field_and_stalls_no_other_task() {
     let client = client().await;
@@ -607,15 +617,7 @@ async fn a_malformed_template_is_dead_naming_the_field_and_stalls_no_other_task(
         "spec":{"type":"malformed","template":{"spec":{"containers":[{"name":"w","image":"x","ports":"80"}]}}}}"#;
     let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(bad));
     assert!(ok, "{err}");
-    let worker = SimWorker::running_for(200);
-    for i in 0..20 {
-        create(
-            &client,
-            &ns,
-            &sim_task_with(&format!("good-{i:02}"), "malformed", &worker, |_| {}),
-        )
-        .await;
-    }
+    let good = create_good_tasks(&client, &ns, "malformed").await;
     let t = wait_phase(&client, &ns, "bad-template", TaskPhase::Dead, LONG).await;
     let s = t.status.clone().unwrap();
     assert_eq!(s.reason.as_deref(), Some("InvalidSpec"));
@@ -625,15 +627,8 @@ async fn a_malformed_template_is_dead_naming_the_field_and_stalls_no_other_task(
         "{why}"
     );
     wait_events(&client, &ns, "bad-template", &["InvalidSpec"]).await;
-    for i in 0..20 {
-        wait_phase(
-            &client,
-            &ns,
-            &format!("good-{i:02}"),
-            TaskPhase::Succeeded,
-            LONG,
-        )
-        .await;
+    for name in &good {
+        wait_phase(&client, &ns, name, TaskPhase::Succeeded, LONG).await;
     }
 }
 
@@ -657,15 +652,7 @@ async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stal
         let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(object));
         assert!(ok, "{err}");
     }
-    let worker = SimWorker::running_for(200);
-    for i in 0..20 {
-        create(
-            &client,
-            &ns,
-            &sim_task_with(&format!("good-{i:02}"), "unreadable", &worker, |_| {}),
-        )
-        .await;
-    }
+    let good = create_good_tasks(&client, &ns, "unreadable").await;
     for (kind, name, field) in [
         ("AxTask", "bad-start", "spec.startAfter"),
         ("AxDag", "bad-dag", "spec.tasks[0].spec.startAfter"),
@@ -682,15 +669,8 @@ async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stal
             "{kind} {name}: {note}"
         );
     }
-    for i in 0..20 {
-        wait_phase(
-            &client,
-            &ns,
-            &format!("good-{i:02}"),
-            TaskPhase::Succeeded,
-            LONG,
-        )
-        .await;
+    for name in &good {
+        wait_phase(&client, &ns, name, TaskPhase::Succeeded, LONG).await;
     }
     // Skipped, not acted on: no status, no worker.
     let (ok, out, err) = run_kubectl(
