@@ -40,7 +40,8 @@ pub struct Unreadable {
 impl<'de, K: DeserializeOwned> Deserialize<'de> for Checked<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(deserializer)?;
-        // Read from a borrow: the value is copied only when the object is unreadable.
+        // `K` reads from a borrow of the value; only an unreadable object is read again, to name
+        // the field.
         if let Ok(object) = K::deserialize(&value) {
             return Ok(Checked(Ok(object)));
         }
