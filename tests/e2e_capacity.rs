@@ -730,9 +730,10 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     let ns = namespace(&client, "estimate").await;
     // Paused while the tasks are queued, so all 300 wait from the start.
     let queue = create_queue(&client, "estimate", json!({"concurrency": 0})).await;
-    // A steady rate by construction: every worker would run for an hour, and the test cancels two
-    // running tasks a second, so the full queue grants two slots a second. A bucket is in creation
-    // order, to the second: the names only label the tasks.
+    // A steady rate by construction: every worker would run for an hour, and the test cancels one
+    // running task a second, so the full queue grants one slot a second. (At two a second, a debug
+    // operator beside the other capacity tests lagged enough to miss task 100's 25 %.) A bucket is
+    // in creation order, to the second: the names only label the tasks.
     let tasks: Vec<AxTask> = (1..=300u64)
         .map(|i| {
             task_with(
@@ -760,7 +761,7 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     );
 
     patch_queue(&client, &queue.name, json!({"concurrency": 30})).await;
-    let clock = cancel_clock(&client, &ns, 2);
+    let clock = cancel_clock(&client, &ns, 1);
     wait_queue(
         &client,
         &queue.name,
@@ -780,7 +781,7 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
         let estimate = estimated_start(&task).expect("an estimate");
         picked.push((estimate, name.to_string(), Timestamp::now()));
     }
-    let deadline = Instant::now() + Duration::from_secs(400);
+    let deadline = Instant::now() + Duration::from_secs(600);
     let started: Vec<Timestamp> = loop {
         let tasks = list_tasks(&client, &ns).await;
         let scheduled: Option<Vec<Timestamp>> = picked
@@ -795,7 +796,7 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
         }
         assert!(
             Instant::now() < deadline,
-            "not all of {picked:?} dispatched within 400 s"
+            "not all of {picked:?} dispatched within 600 s"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
