@@ -687,4 +687,11 @@ async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stal
     );
     assert!(ok && out.trim().is_empty(), "status {out:?} {err}");
     assert!(pods_of(&client, &ns, "bad-start").await.is_empty());
+    // Gone at once (the operator never put a finalizer on them); left behind, they would be the
+    // one task kubectl counts and the operator's metrics do not (e2e_helm compares the two).
+    let (ok, _, err) = run_kubectl(
+        &["delete", "-n", &ns, "axtask/bad-start", "axdag/bad-dag"],
+        None,
+    );
+    assert!(ok, "{err}");
 }
