@@ -19,14 +19,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
+use ax::api::{AxTask, Priority, TaskPhase};
 use bytes::Bytes;
+use common::queue::create_queue;
 use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -269,26 +270,6 @@ impl Drop for Prometheus {
     }
 }
 
-/// An AxQueue for this test, deleted when the test ends (also when it fails).
-struct TestQueue {
-    name: String,
-}
-
-impl Drop for TestQueue {
-    fn drop(&mut self) {
-        run_kubectl(
-            &[
-                "delete",
-                "axqueue",
-                &self.name,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            None,
-        );
-    }
-}
-
 /// A task for a simulated node that "runs" for `millis` and exits with `exit_code`.
 fn sim_task(
     name: &str,
@@ -362,7 +343,6 @@ const ATTEMPTS: usize = SUCCEEDING + 2 * DYING;
 async fn prometheus_answers_promql_about_a_known_run_and_every_dashboard_panel_has_data() {
     let client = client().await;
     let suffix = format!("{:04x}", rand::random::<u16>());
-    let queue = format!("e2e-prom-{suffix}");
     let ok_type = format!("prom-ok-{suffix}");
     let dead_type = format!("prom-dead-{suffix}");
     let target = std::env::var("AX_OPERATOR_METRICS_ADDR").unwrap_or("127.0.0.1:18080".into());
@@ -373,24 +353,16 @@ async fn prometheus_answers_promql_about_a_known_run_and_every_dashboard_panel_h
         .await;
     let run_start = jiff::Timestamp::now();
 
-    let queues: Api<AxQueue> = Api::all(client.clone());
-    let axqueue: AxQueue = serde_json::from_value(json!({
-        "apiVersion": "ax.dev/v1alpha1",
-        "kind": "AxQueue",
-        "metadata": {"name": queue},
-        "spec": {
+    let queue_guard = create_queue(
+        &client,
+        "prom",
+        json!({
             "concurrency": 2,
             "circuitBreaker": {"windowSize": 4, "minRequests": 4, "failureRatio": 0.5, "openSeconds": 600},
-        },
-    }))
-    .unwrap();
-    queues
-        .create(&PostParams::default(), &axqueue)
-        .await
-        .expect("create queue");
-    let _queue_guard = TestQueue {
-        name: queue.clone(),
-    };
+        }),
+    )
+    .await;
+    let queue = queue_guard.name.clone();
 
     let ns = namespace(&client, "prom").await;
     let mut tasks = Vec::new();
