@@ -19,6 +19,11 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, Pod, PodSpec, PodStatus, PodTemplateSpec,
 };
 
+use futures::Stream;
+use kube::Client;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::readable;
 use crate::api::AxTask;
 use crate::core::task as core;
 use crate::core::worker::MAIN_CONTAINER_ANNOTATION;
@@ -44,6 +49,16 @@ pub fn task(t: &mut AxTask) {
     t.metadata.annotations = Some(cached);
     t.spec.template = PodTemplateSpec::default();
     t.spec.payload = None;
+}
+
+/// The AxTasks `config` selects, as every task cache of the operator holds them: readable ones only
+/// (see [`readable`]), reduced by [`task`].
+pub fn task_watch(
+    client: Client,
+    config: watcher::Config,
+    reporter: Option<readable::Reporter>,
+) -> impl Stream<Item = Result<watcher::Event<AxTask>, watcher::Error>> + Send {
+    readable::watch(client, config, reporter).modify(task)
 }
 
 pub fn is_stripped(t: &AxTask) -> bool {

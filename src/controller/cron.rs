@@ -71,12 +71,11 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
     let (tasks, tasks_writer) = reflector::store();
     let task_events = reflector::reflector(
         tasks_writer,
-        readable::watch(
+        cache::task_watch(
             client.clone(),
             watcher::Config::default().labels(LABEL_CRON).any_semantic(),
             None,
-        )
-        .modify(cache::task),
+        ),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();

@@ -114,12 +114,11 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         children_writer,
         // From the watch cache, stripped like the task controller's copies (see `cache`). An
         // unreadable child is reported by the task controller's watch.
-        readable::watch(
+        cache::task_watch(
             client.clone(),
             watcher::Config::default().labels(LABEL_DAG).any_semantic(),
             None,
-        )
-        .modify(cache::task),
+        ),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();

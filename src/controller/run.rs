@@ -88,12 +88,11 @@ pub async fn run(
     let recorder = Recorder::new(client.clone(), reporter);
     let task_events = reflector::reflector(
         tasks_writer,
-        readable::watch(
+        cache::task_watch(
             client.clone(),
             watcher::Config::default().any_semantic(),
             Some(readable::Reporter::new(recorder.clone())),
-        )
-        .modify(cache::task),
+        ),
     )
     .touched_objects();
     let controller = Controller::for_stream(task_events, tasks)
