@@ -90,7 +90,10 @@ pub fn step(d: &mut Decision, event: Event, inputs: &Inputs, clock: &Clock) -> b
             d.status.dead_reason = Some(message.clone());
             d.transition(Dead, Reason::BudgetExceeded, message, op, now);
         }
-        (Some(Pending), Event::Granted) => start_attempt(d, inputs, clock),
+        (Some(Pending), Event::Granted) => start_attempt(d, inputs, clock, "runs as"),
+        (Some(Pending), Event::NextPodFound) => {
+            start_attempt(d, inputs, clock, "runs in the pod created at its dispatch,")
+        }
         (Some(Scheduled), Event::PodRefused(Refusal::Forbidden(message))) => {
             refused_for_now(d, inputs, clock, message)
         }
@@ -189,9 +192,11 @@ fn admit(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
     }
 }
 
-/// Pending → Scheduled: the attempt number and worker name are recorded here, before the pod exists,
-/// so a crash in between is repaired without a second pod.
-fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
+/// Pending → Scheduled: the attempt number and worker name are recorded, and the pod is created
+/// beside this write. Whichever lands first, a crash in between is repaired without a second pod:
+/// a Scheduled attempt without its pod creates it, a Pending task with the next attempt's pod takes
+/// the attempt up with that pod (`NextPodFound`).
+fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock, runs: &str) {
     let now = clock.now;
     d.status.attempt += 1;
     let attempt = d.status.attempt;
@@ -220,7 +225,7 @@ fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
         failure_kind: None,
         reason: None,
     });
-    let message = format!("attempt {attempt} runs as pod {worker}");
+    let message = format!("attempt {attempt} {runs} pod {worker}");
     d.transition(Scheduled, Reason::Dispatched, message, clock.operator, now);
 }
 

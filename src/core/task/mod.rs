@@ -25,8 +25,8 @@ pub use classify::classify;
 pub use conditions::{CallbackResult, callback_outcome, set_condition};
 pub use machine::{LEGAL, is_legal};
 pub use observe::{
-    Event, Refusal, blocks, current_pod, fence, hard_deadline, main_has_probe, observe, should_run,
-    soft_deadline, soft_timeout_not_alive,
+    Event, Refusal, blocks, current_pod, fence, hard_deadline, main_has_probe, next_attempt_pod,
+    observe, should_run, soft_deadline, soft_timeout_not_alive,
 };
 pub use reason::Reason;
 pub use validate::{
@@ -260,7 +260,8 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
         let Some(event) = observe::observe(inputs, &d.status, granted, now) else {
             break;
         };
-        let dispatch = event == Event::Granted;
+        // The pod found of the next attempt was created with a slot granted: the grant is used.
+        let dispatch = event == Event::Granted || (event == Event::NextPodFound && granted);
         if !machine::step(&mut d, event, inputs, clock) {
             break;
         }

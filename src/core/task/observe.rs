@@ -5,6 +5,8 @@
 //! - new (no phase): invalid spec → `SpecInvalid`; `spec.cancel` → `CancelRequested`; else `Created`.
 //! - Pending: `spec.cancel`; an earlier attempt's pod still alive → nothing (wait, the fence);
 //!   invalid spec; retry budget used up → `BudgetExhausted`; `nextAttemptAt` in the future → nothing;
+//!   the next attempt's pod exists already → `NextPodFound` (it was created beside the dispatch's
+//!   status write, which did not land: the attempt is taken up with it, never with a second pod);
 //!   a slot from the dispatcher → `Granted`.
 //! - Scheduled/Running: `spec.cancel`; the pod create refused → `PodRefused`; then the current
 //!   attempt's pod: missing (Scheduled: before the hard timeout the pod is created, after it
@@ -41,6 +43,7 @@ pub enum Event {
     RerunRequested,
     BudgetExhausted,
     Granted,
+    NextPodFound,
     PodRefused(Refusal),
     PodNeverAppeared,
     WorkerGone,
@@ -95,6 +98,18 @@ pub fn should_run(pod: &WorkerState, status: &AxTaskStatus) -> bool {
     pod.attempt == status.attempt && status.phase.is_some_and(TaskPhase::has_worker)
 }
 
+/// The pod of the attempt after the current one, seen in the cache and not being deleted: created
+/// beside a dispatch's status write that did not land. It is that attempt, running or finished (its
+/// work may be done), so the dispatch is finished with it rather than with a second pod.
+pub fn next_attempt_pod<'a>(
+    status: &AxTaskStatus,
+    pods: &'a [WorkerState],
+) -> Option<&'a WorkerState> {
+    let next = status.attempt.checked_add(1)?;
+    pods.iter()
+        .find(|p| p.attempt == next && p.uid.is_some() && !p.deleting)
+}
+
 /// The pods that should not run and may still: the fence holds while there is one.
 pub fn fence<'a>(
     spec: &AxTaskSpec,
@@ -120,7 +135,8 @@ pub fn observe(
 ) -> Option<Event> {
     let spec = inputs.spec;
     let invalid = || inputs.spec_error.map(|e| Event::SpecInvalid(e.to_string()));
-    let fenced = !fence(spec, status, inputs.pods).is_empty();
+    let fence = fence(spec, status, inputs.pods);
+    let fenced = !fence.is_empty();
     let Some(phase) = status.phase else {
         return invalid()
             .or(spec.cancel.then_some(Event::CancelRequested))
@@ -131,21 +147,31 @@ pub fn observe(
             if spec.cancel {
                 return Some(Event::CancelRequested);
             }
-            if fenced {
+            // The next attempt's own pod does not fence its dispatch; any other pod that may run
+            // does. A Dead verdict waits for every pod, that one too (it is stopped meanwhile).
+            let next_pod = next_attempt_pod(status, inputs.pods);
+            if fence
+                .iter()
+                .any(|p| Some(p.name.as_str()) != next_pod.map(|n| n.name.as_str()))
+            {
                 return None;
             }
+            let next_runs = next_pod.is_some_and(|p| blocks(p, spec.retry.pod_replacement_policy));
             if let Some(e) = invalid() {
-                return Some(e);
+                return (!next_runs).then_some(e);
             }
             let budget_used = status.attempt > 0
                 && status
                     .budget_deadline
                     .is_some_and(|deadline| now >= deadline);
             if budget_used {
-                return Some(Event::BudgetExhausted);
+                return (!next_runs).then_some(Event::BudgetExhausted);
             }
             if status.next_attempt_at.is_some_and(|at| at > now) {
                 return None;
+            }
+            if next_pod.is_some() {
+                return Some(Event::NextPodFound);
             }
             granted.then_some(Event::Granted)
         }

@@ -603,6 +603,65 @@ fn a_pending_task_with_a_live_pod_of_an_earlier_attempt_holds_its_slot_and_is_no
 }
 
 #[test]
+fn a_pending_task_whose_next_attempts_pod_exists_takes_the_attempt_up_with_it() {
+    // The pod was created beside the dispatch's status write, which did not land.
+    let s = spec();
+    let pending = admitted(&s, t(0));
+    for grant in [false, true] {
+        let d = decide_with(&s, &pending, &[pod(1, Run)], t(1), |i| i.granted = grant);
+        assert_eq!(
+            path(&d),
+            vec![
+                row(Some(Pending), Scheduled, Reason::Dispatched),
+                row(Some(Scheduled), Running, Reason::WorkerRunning)
+            ]
+        );
+        assert_eq!(d.status.attempt, 1);
+        assert_eq!(d.status.worker.as_deref(), Some("job-1"));
+        assert!(
+            d.actions.is_empty(),
+            "no second pod, no kill: {:?}",
+            d.actions
+        );
+        assert_eq!(d.dispatched, grant, "a slot granted is used");
+        assert_eq!(d.queue, QueueState::Holding);
+    }
+    // It may have finished meanwhile: its result is the attempt's.
+    let d = at(&s, &pending, &[pod(1, Exited(0))], t(1));
+    assert_eq!(d.status.phase, Some(Succeeded));
+    assert_eq!(d.status.attempt, 1);
+}
+
+#[test]
+fn a_next_attempts_pod_that_may_not_start_is_stopped_and_a_dead_verdict_waits_for_it() {
+    let mut s = spec();
+    s.retry.budget_seconds = Some(10);
+    let mut status = at(&s, &running(&s), &[pod(1, Exited(1))], t(5)).status;
+    assert_eq!(status.phase, Some(Pending));
+    status.next_attempt_at = Some(t(8));
+    // Still in its backoff: the pod is stopped, the task waits.
+    let early = granted(&s, &status, &[pod(2, Run)], t(6));
+    assert_eq!(early.status.attempt, 1);
+    assert_eq!(kills(&early), vec![("job-2".into(), Some(10), false)]);
+    // The budget ended: Dead only once that pod is gone.
+    let late = granted(&s, &status, &[deleting(pod(2, Run), 10)], t(20));
+    assert_eq!(
+        late.status.phase,
+        Some(Pending),
+        "not Dead while it may run"
+    );
+    let gone = granted(&s, &status, &[], t(21));
+    assert_eq!(
+        path(&gone),
+        vec![row(Some(Pending), Dead, Reason::BudgetExceeded)]
+    );
+    // A pod being deleted is not taken up: the attempt waits for its name to be free.
+    let deleting_next = granted(&s, &admitted(&s, t(0)), &[deleting(pod(1, Run), 10)], t(1));
+    assert_eq!(deleting_next.status.phase, Some(Pending));
+    assert!(!deleting_next.actions.contains(&Action::CreatePod));
+}
+
+#[test]
 fn cancel_shows_canceled_at_once_and_the_condition_stays_until_the_pod_is_gone() {
     let mut s = spec();
     let status = running(&s);
@@ -1287,26 +1346,32 @@ fn arb_task() -> impl Strategy<Value = (AxTaskSpec, AxTaskStatus, Vec<WorkerStat
                 } else {
                     attempt
                 };
-                let pods = prop::collection::vec(
-                    prop::option::weighted(0.7, arb_pod(0)),
-                    attempt as usize,
+                // Sometimes also a pod of the next attempt: created beside a dispatch's status
+                // write that did not land.
+                let pods = (
+                    prop::collection::vec(
+                        prop::option::weighted(0.7, arb_pod(0)),
+                        attempt as usize,
+                    ),
+                    prop::option::weighted(0.15, arb_pod(0)),
                 )
-                .prop_map(move |pods| {
-                    pods.into_iter()
-                        .enumerate()
-                        .filter_map(|(i, p)| {
-                            p.map(|mut p| {
-                                let n = i as i32 + 1;
-                                p.attempt = n;
-                                p.name = pod_name(TASK, n);
-                                if p.uid.is_some() {
-                                    p.uid = Some(format!("uid-{n}"));
-                                }
-                                p
+                    .prop_map(move |(mut pods, next)| {
+                        pods.push(next);
+                        pods.into_iter()
+                            .enumerate()
+                            .filter_map(|(i, p)| {
+                                p.map(|mut p| {
+                                    let n = i as i32 + 1;
+                                    p.attempt = n;
+                                    p.name = pod_name(TASK, n);
+                                    if p.uid.is_some() {
+                                        p.uid = Some(format!("uid-{n}"));
+                                    }
+                                    p
+                                })
                             })
-                        })
-                        .collect::<Vec<_>>()
-                });
+                            .collect::<Vec<_>>()
+                    });
                 let status = AxTaskStatus {
                     phase,
                     attempt,
@@ -1384,7 +1449,15 @@ fn check(
         }
     }
     prop_assert!(new.attempt >= old.attempt && new.attempt <= old.attempt + 1);
-    prop_assert_eq!(d.dispatched, new.attempt == old.attempt + 1);
+    if new.attempt == old.attempt + 1 {
+        // A new attempt uses the slot granted, or takes up the pod its dispatch created.
+        prop_assert!(d.dispatched || next_attempt_pod(old, pods).is_some());
+        if next_attempt_pod(old, pods).is_some() {
+            prop_assert!(!d.actions.contains(&Action::CreatePod));
+        }
+    } else {
+        prop_assert!(!d.dispatched);
+    }
     // Kills: only pods that should not run, that may still run, and that we have seen.
     for a in &d.actions {
         match a {
@@ -1483,6 +1556,9 @@ enum World {
     DropKills,
     /// The user sets cancel.
     Cancel,
+    /// The next decision's status write does not land (a conflict, the operator stops); the pod it
+    /// created beside the write does.
+    LoseWrite,
 }
 
 fn arb_world() -> impl Strategy<Value = World> {
@@ -1494,6 +1570,7 @@ fn arb_world() -> impl Strategy<Value = World> {
         2 => Just(World::Vanish),
         1 => Just(World::DropKills),
         1 => Just(World::Cancel),
+        2 => Just(World::LoseWrite),
     ]
 }
 
@@ -1554,6 +1631,7 @@ proptest! {
         let mut now = 0i64;
         let mut drop_kills = false;
         for step in steps {
+            let mut lose_write = false;
             match step {
                 World::Wait(s) => now += s,
                 World::Start => {
@@ -1580,6 +1658,7 @@ proptest! {
                 World::Vanish => pods.retain(|p| !(p.deleting && !p.outcome_finalizer && !p.is_running_phase())),
                 World::DropKills => drop_kills = !drop_kills,
                 World::Cancel => spec.cancel = true,
+                World::LoseWrite => lose_write = true,
             }
             let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
             inputs.granted = true;
@@ -1587,8 +1666,17 @@ proptest! {
             for e in &d.transitions {
                 prop_assert!(is_legal(e.from, e.to));
             }
-            apply_actions(&d, &mut pods, &d.status, drop_kills);
-            status = d.status;
+            if lose_write {
+                // Only the pod created beside the write happens; the status stays as it was.
+                if d.dispatched && d.actions.contains(&Action::CreatePod) {
+                    let mut p = pod(d.status.attempt, Waiting);
+                    p.phase = PodPhase::Pending;
+                    pods.push(p);
+                }
+            } else {
+                apply_actions(&d, &mut pods, &d.status, drop_kills);
+                status = d.status;
+            }
             // Never two pods that may run a worker.
             let live = pods.iter().filter(|p| p.is_running_phase() || p.deleting).count();
             prop_assert!(live <= 1, "{} live pods: {:#?}\n{:#?}", live, pods, status.history);
