@@ -201,6 +201,104 @@ async fn a_pod_held_by_a_finalizer_holds_the_slot_until_it_is_gone() {
         .unwrap();
 }
 
+/// A dispatch creates the worker pod beside its status write; when the write does not land (a
+/// conflict, the operator stopped), the task is Pending and its next attempt's pod exists. Such a
+/// pod is made by hand here, under a paused queue: the attempt is taken up with it, never with a
+/// second pod. Made for a task still in its `startAfter` wait, it is stopped instead.
+#[tokio::test]
+async fn a_pod_created_beside_a_dispatch_write_that_did_not_land_is_taken_up_not_doubled() {
+    let client = client().await;
+    let ns = namespace(&client, "beside").await;
+    let audit = audit(&client, &ns);
+    let queue_name = format!("paused-{ns}");
+    let queues: Api<ax::api::AxQueue> = Api::all(client.clone());
+    let queue: ax::api::AxQueue = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxQueue",
+        "metadata": {"name": queue_name}, "spec": {"concurrency": 0}}))
+    .unwrap();
+    queues.create(&PostParams::default(), &queue).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod_of = |task: &AxTask| ax::core::worker::build_pod(task, 1, "{}");
+
+    create(
+        &client,
+        &ns,
+        &shell_task("taken", "exit 0", |v| {
+            v["spec"]["queue"] = queue_name.clone().into();
+        }),
+    )
+    .await;
+    let waiting = wait_task(&client, &ns, "taken", LONG, |t| {
+        condition(t, "Queued").is_some_and(|c| c.0 == "True" && c.1 == "ConcurrencyLimit")
+    })
+    .await;
+    let made = pods
+        .create(&PostParams::default(), &pod_of(&waiting))
+        .await
+        .unwrap();
+    let t = wait_phase(&client, &ns, "taken", TaskPhase::Succeeded, LONG).await;
+    let s = t.status.clone().unwrap();
+    assert_eq!(s.attempt, 1, "{:#?}", s.history);
+    assert_eq!(s.worker.as_deref(), Some("taken-1"));
+    assert!(
+        history(&t)
+            .iter()
+            .any(|h| h.to == TaskPhase::Scheduled && h.message.contains("created at its dispatch")),
+        "{:#?}",
+        history(&t)
+    );
+    let pod = pods.get("taken-1").await.unwrap();
+    assert_eq!(
+        pod.metadata.uid, made.metadata.uid,
+        "the pod made is the one that ran"
+    );
+
+    let start_after = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    create(
+        &client,
+        &ns,
+        &shell_task("early", "exit 0", |v| {
+            v["spec"]["startAfter"] = start_after.to_string().into();
+        }),
+    )
+    .await;
+    let delayed = wait_task(&client, &ns, "early", LONG, |t| {
+        phase(t) == Some(TaskPhase::Pending)
+    })
+    .await;
+    pods.create(&PostParams::default(), &pod_of(&delayed))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    while pods.get_opt("early-1").await.unwrap().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "early-1 was never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let t = wait_task(&client, &ns, "early", LONG, |t| phase(t).is_some()).await;
+    assert_eq!(phase(&t), Some(TaskPhase::Pending));
+    assert_eq!(t.status.unwrap().attempt, 0);
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    audit.assert_one_live_worker("taken");
+    assert_eq!(
+        audit
+            .pod_lifecycle("taken")
+            .iter()
+            .filter(|(sign, _)| *sign == '+')
+            .count(),
+        1,
+        "one pod for the attempt: {:?}",
+        audit.pod_lifecycle("taken")
+    );
+    queues
+        .delete(&queue_name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 /// The main container decides: when it exits 0 the task Succeeds and a sidecar that would sleep
 /// forever is stopped.
 #[tokio::test]

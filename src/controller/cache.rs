@@ -13,18 +13,19 @@
 //! A cached worker pod keeps what `core::worker::observe` reads: names, labels, owners, deletion,
 //! finalizers, the main-container annotation, node, container names and statuses.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, Pod, PodSpec, PodStatus, PodTemplateSpec,
 };
 
 use futures::Stream;
-use kube::Client;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 
-use super::readable;
-use crate::api::AxTask;
+use super::{TaskKey, readable};
+use crate::api::{AxTask, TaskPhase};
 use crate::core::task as core;
 use crate::core::worker::MAIN_CONTAINER_ANNOTATION;
 
@@ -37,6 +38,11 @@ pub const MAIN_PROBE: &str = "ax.dev/cache.main-probe";
 
 /// Reduces an AxTask to what the operator's caches keep.
 pub fn task(t: &mut AxTask) {
+    strip(t);
+}
+
+/// [`task`], returning the template and payload it drops.
+fn strip(t: &mut AxTask) -> (PodTemplateSpec, Option<serde_json::Value>) {
     let mut cached = BTreeMap::new();
     cached.insert(STRIPPED.to_string(), "true".to_string());
     if let Err(e) = core::validate(&t.spec) {
@@ -47,18 +53,123 @@ pub fn task(t: &mut AxTask) {
     }
     t.metadata.managed_fields = None;
     t.metadata.annotations = Some(cached);
-    t.spec.template = PodTemplateSpec::default();
-    t.spec.payload = None;
+    (std::mem::take(&mut t.spec.template), t.spec.payload.take())
 }
 
 /// The AxTasks `config` selects, as every task cache of the operator holds them: readable ones only
-/// (see [`readable`]), reduced by [`task`].
+/// (see [`readable`]), reduced by [`task`]. With `fresh`, the template and payload of a task that
+/// may be dispatched next are handed to it instead of dropped.
 pub fn task_watch(
     client: Client,
     config: watcher::Config,
     reporter: Option<readable::Reporter>,
+    fresh: Option<Arc<FreshTemplates>>,
 ) -> impl Stream<Item = Result<watcher::Event<AxTask>, watcher::Error>> + Send {
-    readable::watch(client, config, reporter).modify(task)
+    readable::watch(client, config, reporter).modify(move |t| reduce(t, fresh.as_deref()))
+}
+
+/// [`task`], handing what it drops to `fresh`.
+fn reduce(t: &mut AxTask, fresh: Option<&FreshTemplates>) {
+    let (template, payload) = strip(t);
+    if let Some(fresh) = fresh {
+        fresh.keep(t, template, payload);
+    }
+}
+
+/// How many templates [`FreshTemplates`] holds: enough for a burst being dispatched, small beside
+/// a backlog (a task that waits longer is built from a fresh read, see `controller::task`).
+pub const FRESH_TEMPLATES: usize = 1024;
+
+/// The template and payload of the Pending tasks the watch delivered last, as they arrived. A
+/// dispatch that finds its task here builds the worker pod at once and creates it beside the
+/// Scheduled status write instead of after it: one round trip from a new task to its pod, not two.
+#[derive(Debug, Default)]
+pub struct FreshTemplates(Mutex<FreshState>);
+
+#[derive(Debug, Default)]
+struct FreshState {
+    by_task: HashMap<TaskKey, FreshTemplate>,
+    /// Keys oldest first, with the sequence number they were kept under (a later keep of the same
+    /// task makes its older place here stale).
+    order: VecDeque<(u64, TaskKey)>,
+    next: u64,
+}
+
+#[derive(Debug)]
+struct FreshTemplate {
+    seq: u64,
+    uid: Option<String>,
+    generation: Option<i64>,
+    template: PodTemplateSpec,
+    payload: Option<serde_json::Value>,
+}
+
+impl FreshTemplates {
+    fn lock(&self) -> MutexGuard<'_, FreshState> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Keeps the template and payload [`task`] dropped from `t` if it may be dispatched soon (new,
+    /// or Pending). The oldest entry goes when the store is full.
+    fn keep(&self, t: &AxTask, template: PodTemplateSpec, payload: Option<serde_json::Value>) {
+        let phase = t.status.as_ref().and_then(|s| s.phase);
+        if !matches!(phase, None | Some(TaskPhase::Pending)) {
+            return;
+        }
+        let key = (t.namespace().unwrap_or_default(), t.name_any());
+        let mut state = self.lock();
+        let seq = state.next;
+        state.next += 1;
+        let kept = FreshTemplate {
+            seq,
+            uid: t.metadata.uid.clone(),
+            generation: t.metadata.generation,
+            template,
+            payload,
+        };
+        state.by_task.insert(key.clone(), kept);
+        state.order.push_back((seq, key));
+        while state.by_task.len() > FRESH_TEMPLATES {
+            let Some((seq, oldest)) = state.order.pop_front() else {
+                break;
+            };
+            if state.by_task.get(&oldest).is_some_and(|f| f.seq == seq) {
+                state.by_task.remove(&oldest);
+            }
+        }
+        // Stale places are dropped as they reach the front; bound them too.
+        if state.order.len() > 4 * FRESH_TEMPLATES {
+            let FreshState { by_task, order, .. } = &mut *state;
+            order.retain(|(seq, key)| by_task.get(key).is_some_and(|f| f.seq == *seq));
+        }
+    }
+
+    /// A copy of `cached` with the template and payload it arrived with, if they are still here and
+    /// of this very task (uid) and spec (generation). They are handed out once.
+    pub fn take(&self, key: &TaskKey, cached: &AxTask) -> Option<AxTask> {
+        let mut state = self.lock();
+        let kept = state.by_task.get(key)?;
+        if kept.uid != cached.metadata.uid || kept.generation != cached.metadata.generation {
+            state.by_task.remove(key);
+            return None;
+        }
+        let kept = state.by_task.remove(key)?;
+        drop(state);
+        let mut full = cached.clone();
+        full.spec.template = kept.template;
+        full.spec.payload = kept.payload;
+        if let Some(annotations) = full.metadata.annotations.as_mut() {
+            annotations.remove(STRIPPED);
+        }
+        Some(full)
+    }
+
+    /// Forgets a task that is gone.
+    pub fn forget(&self, key: &TaskKey) {
+        self.lock().by_task.remove(key);
+    }
 }
 
 pub fn is_stripped(t: &AxTask) -> bool {
@@ -180,6 +291,62 @@ mod tests {
         assert!(main_has_probe(&t));
         assert_eq!(spec_error(&t), None);
         assert_eq!(t.spec.task_type, "x");
+    }
+
+    #[test]
+    fn a_pending_tasks_template_is_handed_out_once_to_the_same_task_and_spec() {
+        let fresh = FreshTemplates::default();
+        let key = ("ns".to_string(), "t".to_string());
+        let mut t = task_json(serde_json::json!({}));
+        t.metadata.generation = Some(1);
+        let whole = t.clone();
+        reduce(&mut t, Some(&fresh));
+        // Validated whole before the template went: the cached copy is not "invalid".
+        assert_eq!(spec_error(&t), None);
+        assert!(is_stripped(&t));
+        let mut newer = t.clone();
+        newer.metadata.generation = Some(2);
+        assert!(fresh.take(&key, &newer).is_none(), "another spec");
+        let mut t = whole.clone();
+        reduce(&mut t, Some(&fresh));
+        let full = fresh.take(&key, &t).expect("kept");
+        assert!(!is_stripped(&full));
+        assert_eq!(full.spec.template, whole.spec.template);
+        assert_eq!(full.spec.payload, whole.spec.payload);
+        assert!(fresh.take(&key, &t).is_none(), "handed out once");
+        // A running task's template is not kept.
+        let mut running = whole.clone();
+        running.status = Some(crate::api::AxTaskStatus {
+            phase: Some(TaskPhase::Running),
+            ..Default::default()
+        });
+        reduce(&mut running, Some(&fresh));
+        assert!(fresh.take(&key, &running).is_none());
+    }
+
+    #[test]
+    fn the_fresh_templates_keep_only_the_newest() {
+        let fresh = FreshTemplates::default();
+        let named = |i: usize| {
+            let mut t = task_json(serde_json::json!({}));
+            t.metadata.name = Some(format!("t-{i}"));
+            t
+        };
+        for round in 0..2 {
+            for i in 0..FRESH_TEMPLATES + 10 {
+                let mut t = named(i);
+                reduce(&mut t, Some(&fresh));
+            }
+            assert_eq!(fresh.lock().by_task.len(), FRESH_TEMPLATES, "round {round}");
+            assert!(fresh.lock().order.len() <= 4 * FRESH_TEMPLATES + 1);
+        }
+        let mut oldest = named(0);
+        task(&mut oldest);
+        assert!(fresh.take(&("ns".into(), "t-0".into()), &oldest).is_none());
+        let mut newest = named(FRESH_TEMPLATES + 9);
+        task(&mut newest);
+        let key = ("ns".to_string(), format!("t-{}", FRESH_TEMPLATES + 9));
+        assert!(fresh.take(&key, &newest).is_some());
     }
 
     #[test]

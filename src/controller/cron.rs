@@ -75,6 +75,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
             client.clone(),
             watcher::Config::default().labels(LABEL_CRON).any_semantic(),
             None,
+            None,
         ),
     )
     .touched_objects();

@@ -182,6 +182,8 @@ pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
     pub tasks: Store<AxTask>,
+    /// The templates of tasks just delivered, for a dispatch that builds its pod at once.
+    pub fresh: Arc<cache::FreshTemplates>,
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub queue_store: Store<AxQueue>,

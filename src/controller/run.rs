@@ -85,6 +85,7 @@ pub async fn run(
         instance: Some(settings.identity.clone()),
     };
     let (tasks, tasks_writer) = reflector::store();
+    let fresh = Arc::new(cache::FreshTemplates::default());
     let recorder = Recorder::new(client.clone(), reporter);
     let task_events = reflector::reflector(
         tasks_writer,
@@ -92,6 +93,7 @@ pub async fn run(
             client.clone(),
             watcher::Config::default().any_semantic(),
             Some(readable::Reporter::new(recorder.clone())),
+            Some(fresh.clone()),
         ),
     )
     .touched_objects();
@@ -103,6 +105,7 @@ pub async fn run(
         client: client.clone(),
         recorder,
         tasks: controller.store(),
+        fresh,
         pods: pods.clone(),
         nodes: nodes.clone(),
         queue_store,

@@ -133,15 +133,16 @@ fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
     }
 }
 
-/// Every pod of this task of attempts 1..=current, owned by it (a pod of that name owned by another
-/// object, e.g. an older task of the same name, is not ours), plus the pod just created and not yet
-/// in the cache.
+/// Every pod of this task of attempts 1..=current+1, owned by it (a pod of that name owned by
+/// another object, e.g. an older task of the same name, is not ours), plus the pod just created and
+/// not yet in the cache. A pod of the next attempt exists when it was created beside a status write
+/// that did not land (a conflict, or the operator stopped in between): it must not run.
 fn pods_of(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
     let (Some(namespace), Some(uid)) = (task.namespace(), task.uid()) else {
         return Vec::new();
     };
     let attempts = task.status.as_ref().map_or(0, |s| s.attempt);
-    let mut pods: Vec<WorkerState> = (1..=attempts)
+    let mut pods: Vec<WorkerState> = (1..=attempts.saturating_add(1))
         .filter_map(|attempt| {
             let name = pod_name(&task.name_any(), attempt);
             let pod = ctx
@@ -191,9 +192,30 @@ async fn apply(
     decision: Decision,
     ctx: &Ctx,
 ) -> Result<Applied> {
+    // A dispatch whose task arrived whole a moment ago creates its pod beside the status write. If
+    // the write then does not land, the pod is of an attempt the status does not have yet: the next
+    // decision sees it (see `pods_of`), is fenced by it and stops it.
+    let beside = if decision.dispatched && decision.actions.contains(&Action::CreatePod) {
+        ctx.fresh.take(key, task).map(|mut full| {
+            full.status = Some(decision.status.clone());
+            full
+        })
+    } else {
+        None
+    };
+    let mut created_beside = None;
     let mut written = task.clone();
     if task.status.as_ref() != Some(&decision.status) {
-        match write::task_status(&ctx.client, task, &decision.status).await {
+        let write = write::task_status(&ctx.client, task, &decision.status);
+        let result = match &beside {
+            Some(full) => {
+                let (result, created) = tokio::join!(write, create_pod(full, key, ctx));
+                created_beside = Some(created);
+                result
+            }
+            None => write.await,
+        };
+        match result {
             Ok(updated) => {
                 ctx.tracking.wrote(key, version_of(&updated));
                 written = Arc::new(updated);
@@ -218,7 +240,10 @@ async fn apply(
     let mut requeue = decision.requeue_after;
     for action in &decision.actions {
         match action {
-            Action::CreatePod => match create_pod(&written, key, ctx).await? {
+            Action::CreatePod => match match created_beside.take() {
+                Some(created) => created?,
+                None => create_pod(&written, key, ctx).await?,
+            } {
                 Created::Yes => {}
                 Created::NameTaken => {
                     requeue = Some(requeue.map_or(NAME_TAKEN_RETRY, |r| r.min(NAME_TAKEN_RETRY)));
@@ -297,6 +322,7 @@ fn release(key: &TaskKey, ctx: &Ctx) {
         ctx.dispatch_wanted.notify_one();
     }
     ctx.tracking.forget(key);
+    ctx.fresh.forget(key);
 }
 
 enum Created {
