@@ -136,7 +136,8 @@ fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
 /// Every pod of this task of attempts 1..=current+1, owned by it (a pod of that name owned by
 /// another object, e.g. an older task of the same name, is not ours), plus the pod just created and
 /// not yet in the cache. A pod of the next attempt exists when it was created beside a status write
-/// that did not land (a conflict, or the operator stopped in between): it must not run.
+/// that did not land (a conflict, or the operator stopped in between): the core takes the attempt
+/// up with it, or stops it if the task may not start now.
 fn pods_of(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
     let (Some(namespace), Some(uid)) = (task.namespace(), task.uid()) else {
         return Vec::new();
@@ -194,7 +195,8 @@ async fn apply(
 ) -> Result<Applied> {
     // A dispatch whose task arrived whole a moment ago creates its pod beside the status write. If
     // the write then does not land, the pod is of an attempt the status does not have yet: the next
-    // decision sees it (see `pods_of`), is fenced by it and stops it.
+    // decision sees it (see `pods_of`) and takes the attempt up with it. A spec edit that caused
+    // the conflict then applies from the next attempt on, as if it had come just after dispatch.
     let beside = if decision.dispatched && decision.actions.contains(&Action::CreatePod) {
         ctx.fresh.take(key, task).map(|mut full| {
             full.status = Some(decision.status.clone());
