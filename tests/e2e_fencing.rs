@@ -114,13 +114,14 @@ async fn a_worker_that_exits_zero_after_its_hard_timeout_succeeds_once() {
         "trap 'sleep 3; echo finished; exit 0' TERM; sleep 300 & wait $!",
         |v| {
             // Long enough for the shell to have set its trap before the kill, on a busy node too
-            // (a worker killed before that has not done its work, and rightly runs again).
-            v["spec"]["timeout"] = serde_json::json!({"hardSeconds": 15});
+            // (a worker killed before that has not done its work, and rightly runs again). It
+            // counts from dispatch: in CI, beside the other tests, a pod took 13 s to start.
+            v["spec"]["timeout"] = serde_json::json!({"hardSeconds": 40});
             v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30.into();
         },
     );
     create(&client, &ns, &task).await;
-    let t = wait_task(&client, &ns, "late", Duration::from_secs(90), terminal).await;
+    let t = wait_task(&client, &ns, "late", Duration::from_secs(150), terminal).await;
     let s = t.status.clone().unwrap();
     assert_eq!(s.phase, Some(TaskPhase::Succeeded), "{:#?}", s.history);
     assert_eq!(s.attempt, 1, "the work ran once");
