@@ -6,9 +6,10 @@
 //! A cached AxTask keeps its metadata (without managedFields and annotations), the spec's scalar
 //! fields and the whole status. The facts the reconciler reads from the template and payload are
 //! worked out once, when the object arrives, and kept as annotations that exist only in this cache
-//! (the status subresource ignores everything but `status`, so they are never written back). The
-//! template itself is read again, with the task, when a worker pod has to be built from a cached
-//! copy — which the dispatch path never needs: its status write returns the whole task.
+//! (the status subresource ignores everything but `status`, so they are never written back). A
+//! dispatch builds its worker pod from the template of the task as the watch just delivered it
+//! ([`FreshTemplates`], a bounded few), else from the whole task its status write returns; only a
+//! pod missing outside the dispatch path (a restart) reads the task again.
 //!
 //! A cached worker pod keeps what `core::worker::observe` reads: names, labels, owners, deletion,
 //! finalizers, the main-container annotation, node, container names and statuses.
@@ -77,7 +78,8 @@ fn reduce(t: &mut AxTask, fresh: Option<&FreshTemplates>) {
 }
 
 /// How many templates [`FreshTemplates`] holds: enough for a burst being dispatched, small beside
-/// a backlog (a task that waits longer is built from a fresh read, see `controller::task`).
+/// a backlog (a task that waited longer gets its pod after its status write, from the whole task
+/// that write returns).
 pub const FRESH_TEMPLATES: usize = 1024;
 
 /// The template and payload of the Pending tasks the watch delivered last, as they arrived. A
