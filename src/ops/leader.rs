@@ -310,13 +310,43 @@ impl Election {
         if was_leader {
             tracing::info!(lease = %self.lease, "stepping down");
         }
-        match timeout(Duration::from_secs(5), self.write(Some(last), release)).await {
-            Ok(Ok(_)) => {
-                self.elector.released();
-                tracing::info!(lease = %self.lease, "released lease");
+        let (mut last, mut release) = (last, release);
+        // Twice at most: a renewal given up on when the stop came may have landed after all, so
+        // `last` is one version behind; the Lease is read again and released if still ours.
+        for _ in 0..2 {
+            match timeout(Duration::from_secs(5), self.write(Some(last), release)).await {
+                Ok(Ok(_)) => {
+                    self.elector.released();
+                    tracing::info!(lease = %self.lease, "released lease");
+                    return;
+                }
+                Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
+                    let Ok(Ok(Some(fresh))) = timeout(
+                        Duration::from_secs(5),
+                        self.leases.get_opt(&self.settings.lease_name),
+                    )
+                    .await
+                    else {
+                        break;
+                    };
+                    self.elector
+                        .observe(fresh.spec.as_ref(), std::time::Instant::now());
+                    let Some(again) = self.elector.release(Timestamp::now()) else {
+                        // Someone else holds it now: nothing of ours to hand over.
+                        return;
+                    };
+                    (last, release) = (fresh, again);
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(lease = %self.lease, %error, "cannot release lease");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.lease, "releasing lease timed out");
+                    return;
+                }
             }
-            Ok(Err(error)) => tracing::warn!(lease = %self.lease, %error, "cannot release lease"),
-            Err(_) => tracing::warn!(lease = %self.lease, "releasing lease timed out"),
         }
+        tracing::warn!(lease = %self.lease, "cannot release lease: it kept changing");
     }
 }
