@@ -140,13 +140,8 @@ async fn a_worker_that_exits_zero_after_its_hard_timeout_succeeds_once() {
 async fn a_pod_held_by_a_finalizer_holds_the_slot_until_it_is_gone() {
     let client = client().await;
     let ns = namespace(&client, "finalizer").await;
-    let queue_name = format!("one-{ns}");
-    let queues: Api<ax::api::AxQueue> = Api::all(client.clone());
-    let queue: ax::api::AxQueue = serde_json::from_value(serde_json::json!({
-        "apiVersion": "ax.dev/v1alpha1", "kind": "AxQueue",
-        "metadata": {"name": queue_name}, "spec": {"concurrency": 1}}))
-    .unwrap();
-    queues.create(&PostParams::default(), &queue).await.unwrap();
+    let queue = queue::create_queue(&client, "one", serde_json::json!({"concurrency": 1})).await;
+    let queue_name = queue.name.clone();
     let in_queue = |v: &mut serde_json::Value| {
         v["spec"]["queue"] = queue_name.clone().into();
         v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 2.into();
@@ -196,10 +191,6 @@ async fn a_pod_held_by_a_finalizer_holds_the_slot_until_it_is_gone() {
     })
     .await;
     assert_eq!(phase(&t), Some(TaskPhase::Canceled));
-    queues
-        .delete(&queue_name, &DeleteParams::default())
-        .await
-        .unwrap();
 }
 
 /// A dispatch creates the worker pod beside its status write; when the write does not land (a
@@ -211,13 +202,8 @@ async fn a_pod_created_beside_a_dispatch_write_that_did_not_land_is_taken_up_not
     let client = client().await;
     let ns = namespace(&client, "beside").await;
     let audit = audit(&client, &ns);
-    let queue_name = format!("paused-{ns}");
-    let queues: Api<ax::api::AxQueue> = Api::all(client.clone());
-    let queue: ax::api::AxQueue = serde_json::from_value(serde_json::json!({
-        "apiVersion": "ax.dev/v1alpha1", "kind": "AxQueue",
-        "metadata": {"name": queue_name}, "spec": {"concurrency": 0}}))
-    .unwrap();
-    queues.create(&PostParams::default(), &queue).await.unwrap();
+    let queue = queue::create_queue(&client, "paused", serde_json::json!({"concurrency": 0})).await;
+    let queue_name = queue.name.clone();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod_of = |task: &AxTask| ax::core::worker::build_pod(task, 1, "{}");
 
@@ -270,14 +256,7 @@ async fn a_pod_created_beside_a_dispatch_write_that_did_not_land_is_taken_up_not
     pods.create(&PostParams::default(), &pod_of(&delayed))
         .await
         .unwrap();
-    let deadline = std::time::Instant::now() + LONG;
-    while pods.get_opt("early-1").await.unwrap().is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "early-1 was never stopped"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_pod_gone(&client, &ns, "early-1", LONG).await;
     let t = wait_task(&client, &ns, "early", LONG, |t| phase(t).is_some()).await;
     assert_eq!(phase(&t), Some(TaskPhase::Pending));
     assert_eq!(t.status.unwrap().attempt, 0);
@@ -294,10 +273,6 @@ async fn a_pod_created_beside_a_dispatch_write_that_did_not_land_is_taken_up_not
         "one pod for the attempt: {:?}",
         audit.pod_lifecycle("taken")
     );
-    queues
-        .delete(&queue_name, &DeleteParams::default())
-        .await
-        .unwrap();
 }
 
 /// The main container decides: when it exits 0 the task Succeeds and a sidecar that would sleep
