@@ -155,7 +155,7 @@ pub async fn wait_operator_ready(client: &Client, namespace: &str, replicas: usi
             let (repository, tag) = operator_image();
             panic!(
                 "operator pod {} cannot start: {reason}\n(is {repository}:{tag} built and imported? \
-                 e2e/run-tests.sh does it; by hand: e2e/image.sh <static ax-operator binary> {repository}:{tag})",
+                 e2e/run-tests.sh does it; by hand: e2e/image.sh target/debug/ax-operator {repository}:{tag})",
                 pod.name_any()
             );
         }
