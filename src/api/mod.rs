@@ -4,16 +4,15 @@ pub mod cron;
 pub mod dag;
 pub mod queue;
 pub mod task;
+pub mod template;
 
 pub use cron::*;
 pub use dag::*;
 pub use queue::*;
 pub use task::*;
+pub use template::{INVALID_TEMPLATE_ANNOTATION, PodTemplate};
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -39,40 +38,6 @@ pub(crate) fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> sche
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
     })
-}
-
-/// On a template that is no PodTemplateSpec: why (set by the operator when it reads the task, never
-/// written to the API server).
-pub const INVALID_TEMPLATE_ANNOTATION: &str = "ax.dev/invalid-template";
-
-/// Reads `spec.template` without ever failing. Its schema leaves it to the operator (see
-/// `AxTaskSpec::template`), so the API server stores any object there; one malformed template must
-/// not stop the watch of every task. A template that is no PodTemplateSpec reads as an empty one
-/// that carries the reason, with its path, in [`INVALID_TEMPLATE_ANNOTATION`]; validation reports it
-/// as `InvalidSpec`.
-pub(crate) fn lenient_template<'de, D>(deserializer: D) -> Result<PodTemplateSpec, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    let value = serde_json::Value::deserialize(deserializer)?;
-    Ok(serde_path_to_error::deserialize(value).unwrap_or_else(|e| {
-        let path = e.path().to_string();
-        let reason = if path == "." {
-            e.inner().to_string()
-        } else {
-            format!("spec.template.{path}: {}", e.inner())
-        };
-        PodTemplateSpec {
-            metadata: Some(ObjectMeta {
-                annotations: Some(BTreeMap::from([(
-                    INVALID_TEMPLATE_ANNOTATION.to_string(),
-                    reason,
-                )])),
-                ..ObjectMeta::default()
-            }),
-            spec: None,
-        }
-    }))
 }
 
 /// Schema for a `jiff::Timestamp`: RFC 3339 with sub-second precision, which `metav1.Time` lacks and

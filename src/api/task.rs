@@ -1,6 +1,5 @@
 //! The `AxTask` custom resource: one unit of work and the record of its lifecycle.
 
-use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -8,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use jiff::Timestamp;
 
-use super::{Condition, date_time, preserve_unknown_object};
+use super::{Condition, PodTemplate, date_time, preserve_unknown_object};
 
 /// What to run, how urgently, and what to do when it fails.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -60,8 +59,7 @@ pub struct AxTaskSpec {
     /// every write of a task cost the API server a third more CPU (and the CRD 500 KB). A
     /// template that is no PodTemplateSpec makes the task Dead with `InvalidSpec`, naming the field.
     #[schemars(schema_with = "preserve_unknown_object")]
-    #[serde(deserialize_with = "super::lenient_template")]
-    pub template: PodTemplateSpec,
+    pub template: PodTemplate,
 
     #[serde(default)]
     pub timeout: TimeoutSpec,

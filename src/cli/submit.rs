@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(t.spec.retry.max_retries, 5);
         assert_eq!(t.spec.timeout.hard_seconds, 600);
         assert_eq!(t.spec.payload.unwrap()["day"], "mon");
-        let c = &t.spec.template.spec.unwrap().containers[0];
+        let c = &t.spec.template.spec.as_ref().unwrap().containers[0];
         assert_eq!(c.image.as_deref(), Some("busybox"));
         assert_eq!(c.command.clone().unwrap(), ["sh", "-c", "echo hi"]);
         let env: Vec<(String, Option<String>)> = c
@@ -397,7 +397,7 @@ status: {phase: Dead}
         assert_eq!(t.spec.task_type, "hello");
         assert_eq!(t.spec.retry.max_retries, 4);
         assert_eq!(t.spec.retry.backoff.base_seconds, 7, "the rest is kept");
-        let containers = t.spec.template.spec.unwrap().containers;
+        let containers = t.spec.template.spec.clone().unwrap().containers;
         assert_eq!(containers[0].image.as_deref(), Some("proxy"));
         assert_eq!(containers[1].image.as_deref(), Some("new"));
         assert_eq!(

@@ -4,9 +4,11 @@
 //! none of what a waiting task's decisions need.
 //!
 //! A cached AxTask keeps its metadata (without managedFields and annotations), the spec's scalar
-//! fields and the whole status. The facts the reconciler reads from the template and payload are
-//! worked out once, when the object arrives, and kept as annotations that exist only in this cache
-//! (the status subresource ignores everything but `status`, so they are never written back). A
+//! fields and the whole status; its template is [`PodTemplate::absent`], which marks it as
+//! reduced. The facts the reconciler reads from the template and payload are worked out once,
+//! when the object arrives, and kept — only where there is one to keep — as annotations that exist
+//! only in this cache (the status subresource ignores everything but `status`, so they are never
+//! written back). A
 //! dispatch builds its worker pod from the template of the task as the watch just delivered it
 //! ([`FreshTemplates`], a bounded few), else from the whole task its status write returns; only a
 //! pod missing outside the dispatch path (a restart) reads the task again.
@@ -17,21 +19,17 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use k8s_openapi::api::core::v1::{
-    Container, ContainerStatus, Pod, PodSpec, PodStatus, PodTemplateSpec,
-};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
 
 use futures::Stream;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use super::{TaskKey, readable};
-use crate::api::{AxTask, TaskPhase};
+use crate::api::{AxTask, PodTemplate, TaskPhase};
 use crate::core::task as core;
 use crate::core::worker::MAIN_CONTAINER_ANNOTATION;
 
-/// On a cached AxTask whose template and payload were dropped.
-pub const STRIPPED: &str = "ax.dev/cache.stripped";
 /// The validation error of the dropped spec, if any.
 pub const SPEC_ERROR: &str = "ax.dev/cache.spec-error";
 /// The dropped template's main container has a readiness or liveness probe.
@@ -43,9 +41,8 @@ pub fn task(t: &mut AxTask) {
 }
 
 /// [`task`], returning the template and payload it drops.
-fn strip(t: &mut AxTask) -> (PodTemplateSpec, Option<serde_json::Value>) {
+fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
     let mut cached = BTreeMap::new();
-    cached.insert(STRIPPED.to_string(), "true".to_string());
     if let Err(e) = core::validate(&t.spec) {
         cached.insert(SPEC_ERROR.to_string(), e.to_string());
     }
@@ -53,20 +50,21 @@ fn strip(t: &mut AxTask) -> (PodTemplateSpec, Option<serde_json::Value>) {
         cached.insert(MAIN_PROBE.to_string(), "true".to_string());
     }
     t.metadata.managed_fields = None;
-    t.metadata.annotations = Some(cached);
+    // Most tasks have no fact to note: no map at all, rather than an empty one.
+    t.metadata.annotations = (!cached.is_empty()).then_some(cached);
     (std::mem::take(&mut t.spec.template), t.spec.payload.take())
 }
 
-/// The AxTasks `config` selects, as every task cache of the operator holds them: readable ones only
-/// (see [`readable`]), reduced by [`task`]. With `fresh`, the template and payload of a task that
-/// may be dispatched next are handed to it instead of dropped.
+/// The AxTasks `labels` select (all when `None`), as every task cache of the operator holds them:
+/// readable ones only (see [`readable`]), reduced by [`task`]. With `fresh`, the template and
+/// payload of a task that may be dispatched next are handed to it instead of dropped.
 pub fn task_watch(
     client: Client,
-    config: watcher::Config,
+    labels: Option<&str>,
     reporter: Option<readable::Reporter>,
     fresh: Option<Arc<FreshTemplates>>,
 ) -> impl Stream<Item = Result<watcher::Event<AxTask>, watcher::Error>> + Send {
-    readable::watch(client, config, reporter).modify(move |t| reduce(t, fresh.as_deref()))
+    readable::watch(client, labels, reporter).modify(move |t| reduce(t, fresh.as_deref()))
 }
 
 /// [`task`], handing what it drops to `fresh`.
@@ -102,7 +100,7 @@ struct FreshTemplate {
     seq: u64,
     uid: Option<String>,
     generation: Option<i64>,
-    template: PodTemplateSpec,
+    template: PodTemplate,
     payload: Option<serde_json::Value>,
 }
 
@@ -115,7 +113,7 @@ impl FreshTemplates {
 
     /// Keeps the template and payload [`task`] dropped from `t` if it may be dispatched soon (new,
     /// or Pending). The oldest entry goes when the store is full.
-    fn keep(&self, t: &AxTask, template: PodTemplateSpec, payload: Option<serde_json::Value>) {
+    fn keep(&self, t: &AxTask, template: PodTemplate, payload: Option<serde_json::Value>) {
         let phase = t.status.as_ref().and_then(|s| s.phase);
         if !matches!(phase, None | Some(TaskPhase::Pending)) {
             return;
@@ -162,9 +160,6 @@ impl FreshTemplates {
         let mut full = cached.clone();
         full.spec.template = kept.template;
         full.spec.payload = kept.payload;
-        if let Some(annotations) = full.metadata.annotations.as_mut() {
-            annotations.remove(STRIPPED);
-        }
         Some(full)
     }
 
@@ -174,8 +169,9 @@ impl FreshTemplates {
     }
 }
 
+/// Whether `t` is a cached copy, without its template and payload.
 pub fn is_stripped(t: &AxTask) -> bool {
-    annotation(t, STRIPPED).is_some()
+    t.spec.template.is_absent()
 }
 
 /// The spec's validation error: from the cache's note when the spec was dropped, else worked out.
@@ -287,9 +283,9 @@ mod tests {
         task(&mut t);
         assert!(is_stripped(&t));
         assert_eq!(t.spec.payload, None);
-        assert_eq!(t.spec.template, PodTemplateSpec::default());
+        assert!(t.spec.template.is_absent());
         assert_eq!(t.metadata.managed_fields, None);
-        assert_eq!(t.metadata.annotations.as_ref().map(|a| a.len()), Some(2));
+        assert_eq!(t.metadata.annotations.as_ref().map(|a| a.len()), Some(1));
         assert!(main_has_probe(&t));
         assert_eq!(spec_error(&t), None);
         assert_eq!(t.spec.task_type, "x");

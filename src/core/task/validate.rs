@@ -23,7 +23,7 @@ pub enum TaskSpecError {
         "spec.payload ({payload} bytes) and the template's annotations ({annotations} bytes) exceed the {POD_ANNOTATIONS_MAX_BYTES}-byte limit on a pod's annotations"
     )]
     AnnotationsTooLarge { payload: usize, annotations: usize },
-    /// The template did not read as a PodTemplateSpec (see `api::lenient_template`).
+    /// The template did not read as a PodTemplateSpec (see `api::PodTemplate`).
     #[error("spec.template is not a pod template: {0}")]
     InvalidTemplate(String),
     #[error("spec.template.spec.containers must name at least one container")]
