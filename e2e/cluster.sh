@@ -13,7 +13,8 @@
 #
 # Settings (environment): AX_E2E_DIR, AX_CACHE, AX_E2E_*_PORT and AX_E2E_POD_SUBNET (see
 # lib/common.sh). For the harness's own tests: AX_E2E_UP_UNTIL=<phase> ends `up` successfully
-# after that phase; AX_E2E_KUBELET_EXTRA_ARGS adds kubelet flags.
+# after that phase; AX_E2E_KUBELET_EXTRA_ARGS adds kubelet flags. AX_E2E_PROFILING=true serves
+# kube-apiserver's /debug/pprof (for `go tool pprof` while a benchmark runs; off otherwise).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 
@@ -160,7 +161,7 @@ start_kube-apiserver() {
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" \
     --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=Hostname \
-    --cert-dir="$STATE/kube-apiserver" --allow-privileged=true --profiling=false
+    --cert-dir="$STATE/kube-apiserver" --allow-privileged=true --profiling="${AX_E2E_PROFILING:-false}"
 }
 
 start_kube-controller-manager() {

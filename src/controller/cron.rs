@@ -71,26 +71,15 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
     let (tasks, tasks_writer) = reflector::store();
     let task_events = reflector::reflector(
         tasks_writer,
-        cache::task_watch(
-            client.clone(),
-            watcher::Config::default().labels(LABEL_CRON).any_semantic(),
-            None,
-            None,
-        ),
+        cache::task_watch(client.clone(), Some(LABEL_CRON), None, None),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();
     let dag_events = reflector::reflector(
         dags_writer,
-        readable::watch::<AxDag>(
-            client.clone(),
-            watcher::Config::default().labels(LABEL_CRON).any_semantic(),
-            None,
-        ),
+        readable::watch::<AxDag>(client.clone(), Some(LABEL_CRON), None),
     )
     .touched_objects();
-    // Lists from the API server's watch cache (`any_semantic`): a label-selected quorum list pages
-    // through every AxTask in etcd, which with a large backlog delays the first reconcile by seconds.
     let controller = Controller::new(crons, watcher::Config::default().any_semantic())
         .owns_stream(task_events)
         .owns_stream(dag_events)

@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -114,12 +114,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         children_writer,
         // From the watch cache, stripped like the task controller's copies (see `cache`). An
         // unreadable child is reported by the task controller's watch.
-        cache::task_watch(
-            client.clone(),
-            watcher::Config::default().labels(LABEL_DAG).any_semantic(),
-            None,
-            None,
-        ),
+        cache::task_watch(client.clone(), Some(LABEL_DAG), None, None),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();
@@ -127,7 +122,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         dags_writer,
         readable::watch::<AxDag>(
             client.clone(),
-            watcher::Config::default().any_semantic(),
+            None,
             Some(readable::Reporter::new(recorder.clone())),
         ),
     )
@@ -622,12 +617,12 @@ mod tests {
     fn the_children_cache_counts_as_listed_once_its_first_list_is_in() {
         let (store, mut writer) = reflector::store::<AxTask>();
         assert!(!crate::controller::cache_listed(&store));
-        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
         assert!(
             !crate::controller::cache_listed(&store),
             "a list in progress is not complete"
         );
-        writer.apply_watcher_event(&watcher::Event::InitDone);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
         assert!(crate::controller::cache_listed(&store));
         assert!(crate::controller::cache_listed(&store.clone()));
     }

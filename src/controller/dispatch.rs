@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info};
 
 use super::{Ctx, TaskKey, write};
-use crate::api::TaskPhase;
+use crate::api::{AxTask, TaskPhase};
 use crate::core::queue::{Held, estimate, rebuild};
 use crate::core::worker;
 
@@ -65,11 +65,37 @@ pub async fn run(ctx: Ctx) {
 /// attempt in flight as holding their slots, so no queue starts above its limits.
 async fn start(ctx: &Ctx) {
     super::cache_synced(&ctx.tasks).await;
+    super::cache_synced(&ctx.pods).await;
     super::cache_synced(&ctx.queue_store).await;
     super::cache_synced(&ctx.namespaces).await;
     super::queue::sync_from_store(ctx);
     super::namespace::sync_from_store(ctx);
-    let (holding, pending) = rebuild(&mut ctx.queues.lock(), &ctx.tasks.state(), Timestamp::now());
+    // A task dispatched just before a restart may have its pod and not yet a status saying so.
+    let next_pod_exists = |task: &AxTask| {
+        let attempt = task
+            .status
+            .as_ref()
+            .map_or(0, |s| s.attempt)
+            .saturating_add(1);
+        let name = worker::pod_name(&task.name_any(), attempt);
+        let namespace = task.namespace().unwrap_or_default();
+        ctx.pods
+            .get(&ObjectRef::<Pod>::new(&name).within(&namespace))
+            .is_some_and(|pod| {
+                pod.metadata.deletion_timestamp.is_none()
+                    && pod
+                        .owner_references()
+                        .iter()
+                        .any(|o| Some(&o.uid) == task.metadata.uid.as_ref())
+            })
+    };
+    let tasks = ctx.tasks.state();
+    let (holding, pending) = rebuild(
+        &mut ctx.queues.lock(),
+        &tasks,
+        next_pod_exists,
+        Timestamp::now(),
+    );
     info!(holding, pending, "queues rebuilt from the cache");
 }
 

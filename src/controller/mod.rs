@@ -15,6 +15,7 @@ pub mod callback;
 pub mod cron;
 pub mod dag;
 pub mod dispatch;
+pub mod list_watch;
 pub mod namespace;
 pub mod queue;
 pub mod readable;
@@ -27,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::core::PartialObjectMeta;
@@ -34,7 +36,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 
-use crate::api::{AxQueue, AxTask};
+use crate::api::{AxQueue, AxTask, AxTaskStatus};
 use crate::core::queue::Registry;
 use crate::core::task::CallbackResult;
 use crate::ops::metrics::Metrics;
@@ -200,6 +202,8 @@ pub struct Context {
     pub operator: String,
     pub callbacks: callback::Callbacks,
     pub metrics: Arc<Metrics>,
+    /// See `core::task::Inputs::progress_write_delay`.
+    pub progress_write_delay: Duration,
 }
 
 pub type Ctx = Arc<Context>;
@@ -238,13 +242,24 @@ struct TrackingState {
     /// The resourceVersion of each task's last status write, until the cache has caught up: a
     /// reconcile on an older copy would decide on stale state and lose its write to a conflict.
     written: HashMap<TaskKey, u64>,
-    /// Worker pods created and not yet seen in the cache: (name, attempt, when).
-    expected_pods: HashMap<TaskKey, (String, i32, Instant)>,
+    /// Worker pods created and not yet seen in the cache: (name, attempt, when, created at).
+    expected_pods: HashMap<TaskKey, (String, i32, Instant, Timestamp)>,
     /// Callback outcomes waiting to be recorded by the task's reconcile.
     callbacks: HashMap<TaskKey, (CallbackResult, String)>,
     /// Tasks this process asked the API server to delete (their TTL passed), and when: a task held
     /// by a finalizer is not deleted again on every reconcile until it is gone.
     deletions: HashMap<TaskKey, Instant>,
+    /// Statuses decided and put off (`core::task::Decision::write_by`), kept until written.
+    unwritten: HashMap<TaskKey, Unwritten>,
+}
+
+#[derive(Debug)]
+struct Unwritten {
+    /// The task it was decided for.
+    uid: Option<String>,
+    /// The status as written when it was decided: if the cache shows another, it no longer holds.
+    written: AxTaskStatus,
+    decided: AxTaskStatus,
 }
 
 impl Tracking {
@@ -272,22 +287,26 @@ impl Tracking {
         }
     }
 
-    pub fn expect_pod(&self, key: &TaskKey, name: &str, attempt: i32) {
-        self.lock()
-            .expected_pods
-            .insert(key.clone(), (name.to_string(), attempt, Instant::now()));
+    pub fn expect_pod(&self, key: &TaskKey, name: &str, attempt: i32, created_at: Timestamp) {
+        let expected = (name.to_string(), attempt, Instant::now(), created_at);
+        self.lock().expected_pods.insert(key.clone(), expected);
     }
 
-    /// The pod created for `key` that the cache does not show yet, if any; `seen` says whether the
-    /// cache has a pod of that attempt (the expectation then ends).
-    pub fn expected_pod(&self, key: &TaskKey, seen: impl Fn(i32) -> bool) -> Option<(String, i32)> {
+    /// The pod created for `key` that the cache does not show yet, if any: its name, attempt and
+    /// when it was created; `seen` says whether the cache has a pod of that attempt (the
+    /// expectation then ends).
+    pub fn expected_pod(
+        &self,
+        key: &TaskKey,
+        seen: impl Fn(i32) -> bool,
+    ) -> Option<(String, i32, Timestamp)> {
         let mut state = self.lock();
-        let (name, attempt, since) = state.expected_pods.get(key)?.clone();
+        let (name, attempt, since, created_at) = state.expected_pods.get(key)?.clone();
         if seen(attempt) || since.elapsed() > EXPECTED_POD_TTL {
             state.expected_pods.remove(key);
             return None;
         }
-        Some((name, attempt))
+        Some((name, attempt, created_at))
     }
 
     pub fn callback_done(&self, key: &TaskKey, result: CallbackResult, message: String) {
@@ -313,6 +332,44 @@ impl Tracking {
         false
     }
 
+    /// Keeps a status decided for `key` and put off, decided on `written`.
+    pub fn put_off(
+        &self,
+        key: &TaskKey,
+        uid: Option<String>,
+        written: AxTaskStatus,
+        decided: AxTaskStatus,
+    ) {
+        let unwritten = Unwritten {
+            uid,
+            written,
+            decided,
+        };
+        self.lock().unwritten.insert(key.clone(), unwritten);
+    }
+
+    /// The status put off for this task, if it was decided on the status the cache shows as
+    /// written; otherwise it is forgotten (a status write landed since).
+    pub fn unwritten(
+        &self,
+        key: &TaskKey,
+        uid: Option<&str>,
+        written: &AxTaskStatus,
+    ) -> Option<AxTaskStatus> {
+        let mut state = self.lock();
+        let kept = state.unwritten.get(key)?;
+        if kept.uid.as_deref() == uid && kept.written == *written {
+            return Some(kept.decided.clone());
+        }
+        state.unwritten.remove(key);
+        None
+    }
+
+    /// The task's status was written: nothing is put off any more.
+    pub fn status_written(&self, key: &TaskKey) {
+        self.lock().unwritten.remove(key);
+    }
+
     /// Forgets a deleted task.
     pub fn forget(&self, key: &TaskKey) {
         let mut state = self.lock();
@@ -320,6 +377,7 @@ impl Tracking {
         state.expected_pods.remove(key);
         state.callbacks.remove(key);
         state.deletions.remove(key);
+        state.unwritten.remove(key);
     }
 
     /// Keys with something tracked, for sweeping out deleted tasks.
@@ -331,6 +389,7 @@ impl Tracking {
             .chain(state.expected_pods.keys())
             .chain(state.callbacks.keys())
             .chain(state.deletions.keys())
+            .chain(state.unwritten.keys())
             .cloned()
             .collect()
     }
@@ -413,10 +472,11 @@ mod tests {
     #[test]
     fn an_expected_pod_counts_until_the_cache_shows_its_attempt() {
         let tracking = Tracking::default();
-        tracking.expect_pod(&key("a"), "a-2", 2);
+        let at = Timestamp::from_second(1_900_000_000).expect("in range");
+        tracking.expect_pod(&key("a"), "a-2", 2, at);
         assert_eq!(
             tracking.expected_pod(&key("a"), |_| false),
-            Some(("a-2".into(), 2))
+            Some(("a-2".into(), 2, at))
         );
         assert_eq!(
             tracking.expected_pod(&key("a"), |attempt| attempt == 2),

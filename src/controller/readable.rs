@@ -15,11 +15,12 @@ use std::sync::{Arc, Mutex};
 use futures::{Stream, StreamExt, future};
 use kube::api::ObjectMeta;
 use kube::runtime::events::{EventType, Recorder};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer};
 
+use super::list_watch;
 use crate::api::{AxDag, AxDagSpec, AxTask, AxTaskSpec};
 
 /// The Event reason of an object the operator skips.
@@ -35,6 +36,17 @@ pub struct Unreadable {
     pub metadata: ObjectMeta,
     /// `spec.startAfter: premature end of input`-style: the path, then serde's reason.
     pub error: String,
+}
+
+impl<K: DeserializeOwned> Checked<K> {
+    /// Reads one object's JSON, as [`Checked`]'s `Deserialize` does, without building a
+    /// `serde_json::Value` of it first when it reads: the items of a large list go this way.
+    pub fn read(bytes: &[u8]) -> serde_json::Result<Self> {
+        if let Ok(object) = serde_json::from_slice::<K>(bytes) {
+            return Ok(Checked(Ok(object)));
+        }
+        serde_json::from_slice(bytes)
+    }
 }
 
 impl<'de, K: DeserializeOwned> Deserialize<'de> for Checked<K> {
@@ -156,27 +168,26 @@ impl Reporter {
     }
 }
 
-/// A watcher of every `K` (like `watcher(Api::all(client), config).default_backoff()`) whose
-/// unreadable objects are left out, or deleted from the cache when a readable copy came before;
-/// with a reporter they are also reported.
+/// A watcher of every `K` matching `labels` (see `list_watch`) whose unreadable objects are left
+/// out, or deleted from the cache when a readable copy came before; with a reporter they are also
+/// reported.
 pub fn watch<K>(
     client: Client,
-    config: watcher::Config,
+    labels: Option<&str>,
     reporter: Option<Reporter>,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
 where
     K: Resource<DynamicType = ()> + Placeholder + Clone + DeserializeOwned + Debug + Send + Sync,
     K: 'static,
 {
-    let api: Api<Checked<K>> = Api::all(client);
-    watcher(api, config)
-        .default_backoff()
-        .filter_map(move |event| {
+    list_watch::watch::<Checked<K>>(client, labels.map(str::to_string), Checked::read).filter_map(
+        move |event| {
             future::ready(match event {
                 Ok(event) => readable(event, reporter.as_ref()).map(Ok),
                 Err(e) => Some(Err(e)),
             })
-        })
+        },
+    )
 }
 
 fn readable<K>(

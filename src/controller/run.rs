@@ -32,6 +32,8 @@ pub struct Settings {
     pub callback_allow: crate::core::egress::Allowlist,
     /// Set to true once every informer cache has completed its first list (`/readyz`).
     pub caches_synced: tokio::sync::watch::Sender<bool>,
+    /// See `core::task::Inputs::progress_write_delay`.
+    pub progress_write_delay: Duration,
 }
 
 pub async fn run(
@@ -44,8 +46,8 @@ pub async fn run(
     // An Api of PartialObjectMeta lists and watches metadata only.
     let namespaces_api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
 
-    // Listed from the API server's watch cache (`any_semantic`): a restart with 100,000 tasks is a
-    // single list each, not a quorum read of etcd page by page.
+    // Small collections, and the pods of tasks (at most about the queues' concurrency): kube's
+    // watcher. The tasks come through `list_watch`, which reads their list from the watch cache.
     let (pods, pods_writer) = reflector::store();
     let pod_events = reflector::reflector(
         pods_writer,
@@ -91,7 +93,7 @@ pub async fn run(
         tasks_writer,
         cache::task_watch(
             client.clone(),
-            watcher::Config::default().any_semantic(),
+            None,
             Some(readable::Reporter::new(recorder.clone())),
             Some(fresh.clone()),
         ),
@@ -117,6 +119,7 @@ pub async fn run(
         operator: format!("ax-operator/{}", settings.identity),
         callbacks: Callbacks::new(settings.callback_allow.clone())?,
         metrics: settings.metrics.clone(),
+        progress_write_delay: settings.progress_write_delay,
     });
 
     let node_task = tokio::spawn(node_watch);

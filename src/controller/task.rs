@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::write::{self, ApiError, api_message};
 use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, cache, version_of};
-use crate::api::{AxTask, HistoryEntry, TaskPhase};
+use crate::api::{AxTask, AxTaskStatus, HistoryEntry, TaskPhase};
 use crate::core::queue::pending_of;
 use crate::core::task::{
     self as core, Action, Clock, Decision, Inputs, Notice, QueueState, Refusal,
@@ -65,8 +65,13 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
     let mut refused: Option<Refusal> = None;
     // At most twice: a pod the API server refuses is recorded in a second decision.
     for _ in 0..2 {
-        let status = current.status.clone().unwrap_or_default();
-        let pods = pods_of(&current, &key, &ctx);
+        let written = current.status.clone().unwrap_or_default();
+        // A status decided and put off is where this look starts from, as if it were written.
+        let unwritten = ctx
+            .tracking
+            .unwritten(&key, current.uid().as_deref(), &written);
+        let status = unwritten.clone().unwrap_or_else(|| written.clone());
+        let pods = pods_of(&current, &status, &key, &ctx);
         let clock = clock(&ctx);
         let (granted, held) = {
             let queues = ctx.queues.lock();
@@ -77,6 +82,7 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
             task_name: &name,
             spec: &current.spec,
             status: &status,
+            written: unwritten.is_some().then_some(&written),
             generation: current.metadata.generation,
             spec_error: spec_error.as_deref(),
             main_has_probe,
@@ -87,6 +93,7 @@ pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
                 .map(|(reason, message)| (*reason, message.as_str())),
             refused: refused.as_ref(),
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
+            progress_write_delay: ctx.progress_write_delay,
         };
         let mut decision = core::decide(&inputs, &clock);
         let mut held_now = None;
@@ -138,11 +145,11 @@ fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
 /// not yet in the cache. A pod of the next attempt exists when it was created beside a status write
 /// that did not land (a conflict, or the operator stopped in between): the core takes the attempt
 /// up with it, or stops it if the task may not start now.
-fn pods_of(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
+fn pods_of(task: &AxTask, status: &AxTaskStatus, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
     let (Some(namespace), Some(uid)) = (task.namespace(), task.uid()) else {
         return Vec::new();
     };
-    let attempts = task.status.as_ref().map_or(0, |s| s.attempt);
+    let attempts = status.attempt;
     let mut pods: Vec<WorkerState> = (1..=attempts.saturating_add(1))
         .filter_map(|attempt| {
             let name = pod_name(&task.name_any(), attempt);
@@ -156,8 +163,8 @@ fn pods_of(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
         })
         .collect();
     let seen = |attempt: i32| pods.iter().any(|p| p.attempt == attempt);
-    if let Some((name, attempt)) = ctx.tracking.expected_pod(key, seen) {
-        pods.push(worker::expected(&name, attempt));
+    if let Some((name, attempt, created_at)) = ctx.tracking.expected_pod(key, seen) {
+        pods.push(worker::expected(&name, attempt, created_at));
     }
     pods
 }
@@ -186,18 +193,19 @@ enum Applied {
 }
 
 /// Writes the decision's status (if it changed), publishes its transitions, tells the queue where
-/// the task stands, and performs its actions.
+/// the task stands, and performs its actions. A status the decision lets wait (`write_by`) is not
+/// written yet.
 async fn apply(
     task: &Arc<AxTask>,
     key: &TaskKey,
     decision: Decision,
     ctx: &Ctx,
 ) -> Result<Applied> {
-    // A dispatch whose task arrived whole a moment ago creates its pod beside the status write. If
-    // the write then does not land, the pod is of an attempt the status does not have yet: the next
-    // decision sees it (see `pods_of`) and takes the attempt up with it. A spec edit that caused
-    // the conflict then applies from the next attempt on, as if it had come just after dispatch.
-    let beside = if decision.dispatched && decision.actions.contains(&Action::CreatePod) {
+    let create = decision.actions.contains(&Action::CreatePod);
+    // The whole task, for a pod created before or beside the status write: the one the watch just
+    // delivered, if it is still at hand (a task that waited gets its pod from the whole task its
+    // status write returns).
+    let whole = if create && (decision.dispatched || decision.write_by.is_some()) {
         ctx.fresh.take(key, task).map(|mut full| {
             full.status = Some(decision.status.clone());
             full
@@ -205,6 +213,16 @@ async fn apply(
     } else {
         None
     };
+    if let Some(by) = decision.write_by
+        && (!create || whole.is_some())
+    {
+        return put_off(task, key, decision, whole, by, ctx).await;
+    }
+    // A dispatch whose task arrived whole a moment ago creates its pod beside the status write. If
+    // the write then does not land, the pod is of an attempt the status does not have yet: the next
+    // decision sees it (see `pods_of`) and takes the attempt up with it. A spec edit that caused
+    // the conflict then applies from the next attempt on, as if it had come just after dispatch.
+    let beside = whole.filter(|_| decision.dispatched);
     let mut created_beside = None;
     let mut written = task.clone();
     if task.status.as_ref() != Some(&decision.status) {
@@ -217,23 +235,9 @@ async fn apply(
             }
             None => write.await,
         };
-        match result {
-            Ok(updated) => {
-                ctx.tracking.wrote(key, version_of(&updated));
-                written = Arc::new(updated);
-            }
-            Err(e) => match ApiError::of_result(&e) {
-                // Someone else changed the task: its newer version is on its way through the watch.
-                ApiError::Conflict => {
-                    debug!("status write conflicted; waiting for the newer version");
-                    return Ok(Applied::Done(Requeue::await_change()));
-                }
-                ApiError::NotFound => {
-                    release(key, ctx);
-                    return Ok(Applied::Done(Requeue::await_change()));
-                }
-                _ => return Err(e),
-            },
+        match landed(result, key, ctx)? {
+            Some(updated) => written = updated,
+            None => return Ok(Applied::Done(Requeue::await_change())),
         }
     }
     publish_transitions(&written, &decision.transitions, ctx);
@@ -282,6 +286,70 @@ async fn apply(
         Some(after) => Requeue::requeue(after + Duration::from_millis(50)),
         None => Requeue::await_change(),
     }))
+}
+
+/// A decision whose status may wait (`Decision::write_by`): the queue learns where the task
+/// stands and the current attempt's pod is created now; the status is decided again, from the pods,
+/// at the next look — when the worker changes, or at `by` — and written then. Nothing is published
+/// until it is written, so transitions are counted once.
+async fn put_off(
+    task: &Arc<AxTask>,
+    key: &TaskKey,
+    decision: Decision,
+    whole: Option<AxTask>,
+    by: Timestamp,
+    ctx: &Ctx,
+) -> Result<Applied> {
+    update_queue(key, task, &decision, ctx);
+    let written = task.status.clone().unwrap_or_default();
+    ctx.tracking
+        .put_off(key, task.uid(), written, decision.status.clone());
+    if let Some(whole) = whole {
+        match create_pod(&whole, key, ctx).await? {
+            Created::Yes => {}
+            Created::NameTaken => return Ok(Applied::Done(Requeue::requeue(NAME_TAKEN_RETRY))),
+            // A refusal is decided on the dispatch as written: write it now.
+            Created::Refused(refusal) => {
+                let result = write::task_status(&ctx.client, task, &decision.status).await;
+                return Ok(match landed(result, key, ctx)? {
+                    Some(written) => {
+                        publish_transitions(&written, &decision.transitions, ctx);
+                        Applied::Refused(written, refusal)
+                    }
+                    None => Applied::Done(Requeue::await_change()),
+                });
+            }
+        }
+    }
+    let wait = Duration::try_from(by.duration_since(Timestamp::now())).unwrap_or_default();
+    // A little slack so the deadline has certainly passed when we look again.
+    Ok(Applied::Done(Requeue::requeue(
+        wait + Duration::from_millis(50),
+    )))
+}
+
+/// The task as a status write left it, or `None` when the write did not land for a reason the
+/// next event repairs: someone else changed the task (its newer version is on its way through the
+/// watch), or it is gone.
+fn landed(result: Result<AxTask>, key: &TaskKey, ctx: &Ctx) -> Result<Option<Arc<AxTask>>> {
+    match result {
+        Ok(updated) => {
+            ctx.tracking.wrote(key, version_of(&updated));
+            ctx.tracking.status_written(key);
+            Ok(Some(Arc::new(updated)))
+        }
+        Err(e) => match ApiError::of_result(&e) {
+            ApiError::Conflict => {
+                debug!("status write conflicted; waiting for the newer version");
+                Ok(None)
+            }
+            ApiError::NotFound => {
+                release(key, ctx);
+                Ok(None)
+            }
+            _ => Err(e),
+        },
+    }
 }
 
 /// Tells the task's queue where it stands: the outcome of an attempt that just ended first (it
@@ -372,9 +440,10 @@ async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> 
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
+    let sent_at = Timestamp::now();
     match api.create(&params, &pod).await {
         Ok(_) => {
-            ctx.tracking.expect_pod(key, &name, status.attempt);
+            ctx.tracking.expect_pod(key, &name, status.attempt, sent_at);
             if let Some(queued_at) = status.queued_at {
                 // Dispatch latency: from eligible (queuedAt) to the worker pod created.
                 let latency = Timestamp::now().duration_since(queued_at);
@@ -398,7 +467,12 @@ async fn create_pod(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Result<Created> 
                         .iter()
                         .any(|o| Some(&o.uid) == task.metadata.uid.as_ref()) =>
                 {
-                    ctx.tracking.expect_pod(key, &name, status.attempt);
+                    let created_at = existing
+                        .metadata
+                        .creation_timestamp
+                        .map_or(sent_at, |t| t.0);
+                    ctx.tracking
+                        .expect_pod(key, &name, status.attempt, created_at);
                     Ok(Created::Yes)
                 }
                 Some(_) => {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
     Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, ObjectFieldSelector, Pod,
     Volume, VolumeMount,
@@ -201,6 +202,11 @@ pub struct WorkerState {
     pub stuck_reason: Option<(String, String)>,
     /// The pod was evicted, lost its node or is a disruption target.
     pub disrupted: Option<(String, String)>,
+    /// When the pod was created: its creationTimestamp (whole seconds), or the moment this process
+    /// created it.
+    pub created_at: Option<Timestamp>,
+    /// When the main container started, as its status says (running or terminated).
+    pub started_at: Option<Timestamp>,
 }
 
 impl WorkerState {
@@ -314,6 +320,11 @@ pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
     let main_exit = main_state
         .and_then(|s| s.terminated.as_ref())
         .map(|t| exit_of(t, ""));
+    let started_at = main_state.and_then(|s| {
+        let running = s.running.as_ref().and_then(|r| r.started_at.as_ref());
+        let terminated = s.terminated.as_ref().and_then(|t| t.started_at.as_ref());
+        running.or(terminated).map(|t| t.0)
+    });
     let exit = main_exit.or(init_failure);
     let stuck_reason = init_containers.iter().chain(&containers).find_map(|c| {
         let waiting = c.state.as_ref()?.waiting.as_ref()?;
@@ -369,14 +380,18 @@ pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
         exit,
         stuck_reason,
         disrupted,
+        created_at: meta.creation_timestamp.as_ref().map(|t| t.0),
+        started_at,
     }
 }
 
-/// A pod this process created and the cache has not shown yet: it exists, nothing is known of it.
-pub fn expected(name: &str, attempt: i32) -> WorkerState {
+/// A pod this process created at `created_at` and the cache has not shown yet: it exists, nothing
+/// else is known of it.
+pub fn expected(name: &str, attempt: i32, created_at: Timestamp) -> WorkerState {
     WorkerState {
         name: name.to_string(),
         attempt,
+        created_at: Some(created_at),
         ..WorkerState::default()
     }
 }
@@ -472,7 +487,8 @@ mod tests {
                 }],
                 ..Default::default()
             }),
-        };
+        }
+        .into();
         let spec = build_pod(&t, 1, "{}").spec.unwrap();
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(spec.automount_service_account_token, Some(true));

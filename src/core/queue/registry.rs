@@ -764,24 +764,33 @@ impl Registry {
 }
 
 /// Puts every cached task where it belongs before the first dispatch: tasks with an attempt in
-/// flight or ending hold their slots (dispatched before a restart, or by an earlier leader),
-/// eligible Pending tasks wait for one. Returns how many of each. O(n) over the tasks, once.
+/// flight or ending hold their slots (dispatched before a restart, or by an earlier leader, whose
+/// status may not say so yet: `next_pod_exists` tells whether a new or Pending task's next
+/// attempt's pod exists), eligible Pending tasks wait for one. Returns how many of each. O(n) over
+/// the tasks, once.
 pub fn rebuild(
     registry: &mut Registry,
     tasks: &[std::sync::Arc<AxTask>],
+    next_pod_exists: impl Fn(&AxTask) -> bool,
     now: Timestamp,
 ) -> (usize, usize) {
     use crate::api::TaskPhase;
     let (mut holding, mut pending) = (0, 0);
     for task in tasks {
-        let Some(status) = task.status.as_ref() else {
-            continue;
-        };
         let key = (task.namespace().unwrap_or_default(), task.name_any());
         if registry.tasks.contains_key(&key) {
             // Already placed by its reconcile, which saw a newer state than a re-list might.
             continue;
         }
+        let phase = task.status.as_ref().and_then(|s| s.phase);
+        if matches!(phase, None | Some(TaskPhase::Pending)) && next_pod_exists(task) {
+            registry.hold(&key, &task.spec.queue, &task.spec.task_type);
+            holding += 1;
+            continue;
+        }
+        let Some(status) = task.status.as_ref() else {
+            continue;
+        };
         match status.phase {
             Some(
                 TaskPhase::Scheduled | TaskPhase::Running | TaskPhase::Failed | TaskPhase::TimedOut,

@@ -90,9 +90,13 @@ pub fn step(d: &mut Decision, event: Event, inputs: &Inputs, clock: &Clock) -> b
             d.status.dead_reason = Some(message.clone());
             d.transition(Dead, Reason::BudgetExceeded, message, op, now);
         }
-        (Some(Pending), Event::Granted) => start_attempt(d, inputs, clock, "runs as"),
+        (Some(Pending), Event::Granted) => start_attempt(d, inputs, clock, now),
         (Some(Pending), Event::NextPodFound) => {
-            start_attempt(d, inputs, clock, "runs in the pod created at its dispatch,")
+            // Dispatched when its pod was created, which may have been a while before this look.
+            let created =
+                super::observe::next_attempt_pod(&d.status, inputs.pods).and_then(|p| p.created_at);
+            let at = since_last(d, created, now);
+            start_attempt(d, inputs, clock, at)
         }
         (Some(Scheduled), Event::PodRefused(Refusal::Forbidden(message))) => {
             refused_for_now(d, inputs, clock, message)
@@ -126,10 +130,12 @@ pub fn step(d: &mut Decision, event: Event, inputs: &Inputs, clock: &Clock) -> b
         (Some(Scheduled), Event::WorkerStarted) => {
             let pod = super::observe::current_pod(&d.status, inputs.pods);
             let node = pod.and_then(|p| p.node.clone());
-            d.status.started_at = Some(now);
+            // When the container says it started: this look may come well after it.
+            let started = since_last(d, pod.and_then(|p| p.started_at), now);
+            d.status.started_at = Some(started);
             d.status.node = node.clone();
             if let Some(record) = d.current_record() {
-                record.started_at = Some(now);
+                record.started_at = Some(started);
                 record.node = node.clone();
             }
             let message = format!(
@@ -137,7 +143,13 @@ pub fn step(d: &mut Decision, event: Event, inputs: &Inputs, clock: &Clock) -> b
                 d.status.worker.clone().unwrap_or_default(),
                 node.as_deref().unwrap_or("?")
             );
-            d.transition(Running, Reason::WorkerRunning, message, ACTOR_WORKER, now);
+            d.transition(
+                Running,
+                Reason::WorkerRunning,
+                message,
+                ACTOR_WORKER,
+                started,
+            );
         }
         (Some(phase @ (Scheduled | Running)), Event::WorkerSucceeded) => {
             succeed(d, inputs, phase, Reason::Completed, now)
@@ -192,12 +204,22 @@ fn admit(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
     }
 }
 
-/// Pending → Scheduled: the attempt number and worker name are recorded, and the pod is created
-/// beside this write. Whichever lands first, a crash in between is repaired without a second pod:
-/// a Scheduled attempt without its pod creates it, a Pending task with the next attempt's pod takes
-/// the attempt up with that pod (`NextPodFound`).
-fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock, runs: &str) {
-    let now = clock.now;
+/// A time a pod reports (`reported`), as the time of the next history entry: never before the last
+/// entry (a creationTimestamp has whole seconds only), never after `now`; `now` when unknown.
+fn since_last(d: &Decision, reported: Option<Timestamp>, now: Timestamp) -> Timestamp {
+    let last = d.status.history.last().map(|h| h.time);
+    match reported {
+        Some(at) => at.max(last.unwrap_or(at)).min(now),
+        None => now,
+    }
+}
+
+/// Pending → Scheduled at `now`: the attempt number and worker name are recorded, and the pod is
+/// created beside this write, or before it when the write is put off (`Decision::write_by`).
+/// Whatever lands first, a crash in between is repaired without a second pod: a Scheduled attempt
+/// without its pod creates it, a Pending task with the next attempt's pod takes the attempt up with
+/// that pod (`NextPodFound`, dispatched when that pod was created).
+fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock, now: Timestamp) {
     d.status.attempt += 1;
     let attempt = d.status.attempt;
     let worker = pod_name(inputs.task_name, attempt);
@@ -225,7 +247,7 @@ fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock, runs: &str) {
         failure_kind: None,
         reason: None,
     });
-    let message = format!("attempt {attempt} {runs} pod {worker}");
+    let message = format!("attempt {attempt} runs as pod {worker}");
     d.transition(Scheduled, Reason::Dispatched, message, clock.operator, now);
 }
 

@@ -62,7 +62,11 @@ pub struct Clock<'a> {
 pub struct Inputs<'a> {
     pub task_name: &'a str,
     pub spec: &'a AxTaskSpec,
+    /// The status to decide from: the one written, or one this process decided and has not written
+    /// yet (see [`Decision::write_by`]).
     pub status: &'a AxTaskStatus,
+    /// The status as written, when `status` is one not written yet.
+    pub written: Option<&'a AxTaskStatus>,
     pub generation: Option<i64>,
     /// The message of [`validate`]'s error, if the spec is invalid.
     pub spec_error: Option<&'a str>,
@@ -79,6 +83,10 @@ pub struct Inputs<'a> {
     pub refused: Option<&'a Refusal>,
     /// The outcome of a callback delivery to record.
     pub callback: Option<(CallbackResult, &'a str)>,
+    /// How long after its dispatch a status that records only progress (dispatched, running) may
+    /// wait to be written, so a short attempt costs one status write instead of three (see
+    /// [`Decision::write_by`]). Zero writes every change at once.
+    pub progress_write_delay: Duration,
 }
 
 impl<'a> Inputs<'a> {
@@ -93,6 +101,7 @@ impl<'a> Inputs<'a> {
             task_name,
             spec,
             status,
+            written: None,
             generation: None,
             spec_error: None,
             main_has_probe: main_has_probe(spec),
@@ -101,6 +110,7 @@ impl<'a> Inputs<'a> {
             held: None,
             refused: None,
             callback: None,
+            progress_write_delay: Duration::ZERO,
         }
     }
 }
@@ -148,7 +158,8 @@ pub enum QueueState {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     pub status: AxTaskStatus,
-    /// The history entries this decision appended, oldest first.
+    /// The history entries the status write adds, oldest first: this decision's, after those of an
+    /// unwritten status it started from ([`Inputs::written`]).
     pub transitions: Vec<HistoryEntry>,
     pub actions: Vec<Action>,
     pub queue: QueueState,
@@ -158,6 +169,12 @@ pub struct Decision {
     pub dispatched: bool,
     /// Reconcile again after this long at the latest (timeouts, backoff, TTL).
     pub requeue_after: Option<Duration>,
+    /// The new status may stay unwritten until then: it records only that the attempt was
+    /// dispatched and its worker started. The next look — at this time at the latest, or when the
+    /// worker changes — decides from it (kept in memory; after a restart, taken up again from the
+    /// pod: `NextPodFound`) and writes it with whatever came since. Only the pod's create may
+    /// happen before it is written. `None`: write it now.
+    pub write_by: Option<Timestamp>,
 }
 
 impl Decision {
@@ -170,6 +187,7 @@ impl Decision {
             outcome: None,
             dispatched: false,
             requeue_after: None,
+            write_by: None,
         }
     }
 
@@ -271,7 +289,53 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
         }
     }
     settle(&mut d, inputs, clock);
+    if let Some(written) = inputs.written {
+        // What the write will add: the entries decided earlier and not written yet come first.
+        let unwritten = appended_since(written, inputs.status);
+        d.transitions.splice(0..0, unwritten);
+    }
+    d.write_by = put_off(&d, inputs, now);
+    if let Some(at) = d.write_by {
+        d.requeue_at(at, now);
+    }
     d
+}
+
+/// The history entries `later` has beyond `earlier` (history is append-only, its oldest entries
+/// dropped and counted).
+fn appended_since(earlier: &AxTaskStatus, later: &AxTaskStatus) -> Vec<HistoryEntry> {
+    let total =
+        |s: &AxTaskStatus| usize::try_from(s.history_dropped).unwrap_or_default() + s.history.len();
+    let n = total(later)
+        .saturating_sub(total(earlier))
+        .min(later.history.len());
+    later.history[later.history.len() - n..].to_vec()
+}
+
+/// When a decision's status may be written at the latest, if it need not be written now: every
+/// transition since the written status is progress (queued, dispatched, running), the task ends up
+/// Scheduled or Running, nothing but the current pod's create is to be done, and its dispatch was
+/// less than [`Inputs::progress_write_delay`] ago. Whatever else happens — an outcome, a failure, a
+/// cancel, the delay running out — is written at once, with this progress in its history.
+fn put_off(d: &Decision, inputs: &Inputs, now: Timestamp) -> Option<Timestamp> {
+    use TaskPhase::{Pending, Running, Scheduled};
+    let delay = SignedDuration::try_from(inputs.progress_write_delay).ok()?;
+    let written = inputs.written.unwrap_or(inputs.status);
+    if delay.is_zero() || d.status == *written {
+        return None;
+    }
+    let progress = |from: Option<TaskPhase>, to: TaskPhase| {
+        matches!(
+            (from, to),
+            (None, Pending) | (Some(Pending), Scheduled) | (Some(Scheduled), Running)
+        )
+    };
+    let only_progress = d.transitions.iter().all(|t| progress(t.from, t.to))
+        && matches!(d.status.phase, Some(Scheduled | Running))
+        && matches!(written.phase, None | Some(Pending | Scheduled))
+        && d.actions.iter().all(|a| *a == Action::CreatePod);
+    let by = d.status.scheduled_at?.checked_add(delay).ok()?;
+    (only_progress && now < by).then_some(by)
 }
 
 /// What follows from where the task stands: the pods to create or stop, the queue, conditions,

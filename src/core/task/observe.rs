@@ -10,12 +10,12 @@
 //!   a slot from the dispatcher → `Granted`.
 //! - Scheduled/Running: `spec.cancel`; the pod create refused → `PodRefused`; then the current
 //!   attempt's pod: missing (Scheduled: before the hard timeout the pod is created, after it
-//!   `PodNeverAppeared`; Running: `WorkerGone`); its main container exited 0 → `WorkerSucceeded` (a
+//!   `PodNeverAppeared`; Running: `WorkerGone`); Scheduled and its main container has started (a
+//!   start time, whatever happened since) → `WorkerStarted`; it exited 0 → `WorkerSucceeded` (a
 //!   result that arrived wins over a timeout); someone else deletes it → `WorkerFailed`
 //!   (Infrastructure, whatever its exit code); it failed, or cannot start → `WorkerFailed`; the hard
-//!   timeout passed → `HardTimeout`; the
-//!   soft timeout passed and the worker is not alive → `SoftTimeoutNotAlive`; Scheduled and the pod
-//!   runs → `WorkerStarted`.
+//!   timeout passed → `HardTimeout`; the soft timeout passed and the worker is not alive →
+//!   `SoftTimeoutNotAlive`; Scheduled and the pod runs → `WorkerStarted`.
 //! - Failed/TimedOut (the attempt ended; its pod may still be stopping): `spec.cancel`; the main
 //!   container exited 0 after all → `WorkerSucceeded` (a late success); every pod of the task stopped
 //!   → `WorkersStopped`, when the retry decision is taken.
@@ -98,16 +98,16 @@ pub fn should_run(pod: &WorkerState, status: &AxTaskStatus) -> bool {
     pod.attempt == status.attempt && status.phase.is_some_and(TaskPhase::has_worker)
 }
 
-/// The pod of the attempt after the current one, seen in the cache and not being deleted: created
-/// beside a dispatch's status write that did not land. It is that attempt, running or finished (its
-/// work may be done), so the dispatch is finished with it rather than with a second pod.
+/// The pod of the attempt after the current one, not being deleted (seen in the cache, or created
+/// by this process a moment ago): created at a dispatch whose status write was put off (see
+/// `Decision::write_by`) or did not land. It is that attempt, running or finished (its work may be
+/// done), so the dispatch is finished with it rather than with a second pod.
 pub fn next_attempt_pod<'a>(
     status: &AxTaskStatus,
     pods: &'a [WorkerState],
 ) -> Option<&'a WorkerState> {
     let next = status.attempt.checked_add(1)?;
-    pods.iter()
-        .find(|p| p.attempt == next && p.uid.is_some() && !p.deleting)
+    pods.iter().find(|p| p.attempt == next && !p.deleting)
 }
 
 /// The pods that should not run and may still: the fence holds while there is one.
@@ -216,6 +216,11 @@ fn in_flight(
             _ => Some(Event::WorkerGone),
         };
     };
+    // A worker that started is Running before it has an outcome, even when it is first seen
+    // finished: the history then says where and from when it ran.
+    if status.phase == Some(TaskPhase::Scheduled) && w.started_at.is_some() {
+        return Some(Event::WorkerStarted);
+    }
     if main_exited_zero(w) {
         return Some(Event::WorkerSucceeded);
     }

@@ -347,7 +347,7 @@ fn scheduled_without_its_pod_creates_it_unless_it_was_just_created() {
     let d = at(&s, &scheduled(&s), &[], t(5));
     assert!(d.transitions.is_empty());
     assert_eq!(d.actions, vec![Action::CreatePod]);
-    let just_created = crate::core::worker::expected("job-1", 1);
+    let just_created = crate::core::worker::expected("job-1", 1, t(0));
     let d = at(&s, &scheduled(&s), &[just_created], t(5));
     assert!(d.actions.is_empty(), "{:?}", d.actions);
 }
@@ -1296,7 +1296,7 @@ fn arb_pod(attempt: i32) -> impl Strategy<Value = WorkerState> {
                 (stuck, disrupted, node_ready, restarts, expected),
             )| {
                 if expected {
-                    return crate::core::worker::expected(&pod_name(TASK, attempt), attempt);
+                    return crate::core::worker::expected(&pod_name(TASK, attempt), attempt, t(0));
                 }
                 WorkerState {
                     name: pod_name(TASK, attempt),
@@ -1322,6 +1322,13 @@ fn arb_pod(attempt: i32) -> impl Strategy<Value = WorkerState> {
                     }),
                     stuck_reason: stuck,
                     disrupted,
+                    created_at: Some(t(0)),
+                    // A container that ran says when it started.
+                    started_at: matches!(
+                        main,
+                        MainContainer::Running { .. } | MainContainer::Terminated
+                    )
+                    .then(|| t(1)),
                 }
             },
         )
@@ -1409,12 +1416,18 @@ fn check(
     now: Timestamp,
 ) -> Result<(), TestCaseError> {
     let new = &d.status;
-    // Every transition is a legal row, chained, at `now`.
+    // Every transition is a legal row, chained, in time order up to `now` (a dispatch or a start
+    // may be dated by its pod, before this look).
     let mut from = old.phase;
+    let mut last = old.history.last().map(|h| h.time);
     for e in &d.transitions {
         prop_assert!(is_legal(e.from, e.to), "illegal {:?} -> {:?}", e.from, e.to);
         prop_assert_eq!(e.from, from);
-        prop_assert_eq!(e.time, now);
+        prop_assert!(e.time <= now, "{} after {now}", e.time);
+        if let Some(last) = last {
+            prop_assert!(e.time >= last.min(now), "{} before {last}", e.time);
+        }
+        last = Some(e.time);
         if e.from.is_some_and(TaskPhase::is_terminal) {
             prop_assert_eq!(e.reason.as_str(), "Rerun");
         }
@@ -1586,6 +1599,7 @@ fn apply_actions(
                 let mut p = pod(status.attempt, Waiting);
                 p.phase = PodPhase::Pending;
                 p.main = MainContainer::Waiting;
+                p.created_at = status.scheduled_at;
                 pods.push(p);
             }
             Action::KillPod {
@@ -1619,6 +1633,7 @@ proptest! {
     fn in_any_world_at_most_one_pod_of_a_task_may_run_and_dead_means_nothing_runs(
         max_retries in 0i32..3,
         hard in 5i64..100,
+        write_delay in prop_oneof![Just(0u64), 1u64..40],
         steps in prop::collection::vec(arb_world(), 1..60),
     ) {
         let mut spec = spec();
@@ -1638,6 +1653,7 @@ proptest! {
                     if let Some(p) = pods.iter_mut().find(|p| p.phase == PodPhase::Pending && !p.deleting) {
                         p.phase = PodPhase::Running;
                         p.main = MainContainer::Running { ready: true };
+                        p.started_at = Some(t(now));
                     }
                 }
                 World::Exit(code) => {
@@ -1662,15 +1678,25 @@ proptest! {
             }
             let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
             inputs.granted = true;
+            inputs.progress_write_delay = Duration::from_secs(write_delay);
             let d = decide(&inputs, &clock(t(now)));
             for e in &d.transitions {
                 prop_assert!(is_legal(e.from, e.to));
             }
-            if lose_write {
-                // Only the pod created beside the write happens; the status stays as it was.
-                if d.dispatched && d.actions.contains(&Action::CreatePod) {
+            if let Some(by) = d.write_by {
+                // Put off: nothing but the current pod's create happens before it is written.
+                prop_assert!(by > t(now));
+                prop_assert!(d.actions.iter().all(|a| *a == Action::CreatePod), "{:?}", d.actions);
+                prop_assert!(matches!(d.status.phase, Some(Scheduled | Running)));
+                prop_assert!(d.requeue_after.is_some_and(|r| r <= Duration::try_from(by.duration_since(t(now))).unwrap()));
+            }
+            if lose_write || d.write_by.is_some() {
+                // Only the pod created beside (or before) the write happens; the status stays as
+                // it was.
+                if d.actions.contains(&Action::CreatePod) {
                     let mut p = pod(d.status.attempt, Waiting);
                     p.phase = PodPhase::Pending;
+                    p.created_at = Some(t(now));
                     pods.push(p);
                 }
             } else {
@@ -1698,4 +1724,165 @@ fn reasons_in_history_parse_back() {
             e.reason
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Progress whose write waits (Decision::write_by)
+// ---------------------------------------------------------------------------------------------
+
+const DELAY: Duration = Duration::from_secs(2);
+
+/// A decision with a progress write delay, from `status` as decided (maybe not written).
+fn lazily(
+    spec: &AxTaskSpec,
+    status: &AxTaskStatus,
+    written: Option<&AxTaskStatus>,
+    pods: &[WorkerState],
+    now: Timestamp,
+    grant: bool,
+) -> Decision {
+    decide_with(spec, status, pods, now, |i| {
+        i.granted = grant;
+        i.progress_write_delay = DELAY;
+        i.written = written.map(|w| &*Box::leak(Box::new(w.clone())));
+    })
+}
+
+fn ran(mut w: WorkerState, created: Timestamp, started: Timestamp) -> WorkerState {
+    w.created_at = Some(created);
+    w.started_at = Some(started);
+    w
+}
+
+#[test]
+fn a_dispatch_creates_its_pod_and_puts_its_status_off_until_the_delay() {
+    let s = spec();
+    let new = AxTaskStatus::default();
+    let d = lazily(&s, &new, None, &[], t(0), true);
+    assert_eq!(d.status.phase, Some(Scheduled));
+    assert!(d.dispatched);
+    assert_eq!(d.actions, vec![Action::CreatePod]);
+    assert_eq!(d.write_by, Some(t(2)));
+    assert!(d.requeue_after.is_some_and(|r| r <= DELAY));
+    // Without a delay it is written at once.
+    let d = granted(&s, &new, &[], t(0));
+    assert_eq!(d.write_by, None);
+}
+
+#[test]
+fn an_attempt_that_ends_within_the_delay_is_written_once_with_its_whole_path() {
+    let s = spec();
+    let new = AxTaskStatus::default();
+    let dispatch = lazily(&s, &new, None, &[], t(0), true);
+    // The worker ran from t(1) and exited 0; the status decided at the dispatch was not written.
+    let done = ran(pod(1, Exited(0)), t(0), t(1));
+    let d = lazily(&s, &dispatch.status, Some(&new), &[done], t(1), false);
+    assert_eq!(d.write_by, None);
+    assert_eq!(
+        d.transitions
+            .iter()
+            .map(|e| (e.from, e.to, e.time))
+            .collect::<Vec<_>>(),
+        vec![
+            (None, Pending, t(0)),
+            (Some(Pending), Scheduled, t(0)),
+            (Some(Scheduled), Running, t(1)),
+            (Some(Running), Succeeded, t(1)),
+        ]
+    );
+    assert_eq!(d.status.started_at, Some(t(1)));
+    assert_eq!(d.status.node.as_deref(), Some("node-a"));
+}
+
+#[test]
+fn a_worker_still_running_when_the_delay_ends_is_written_running() {
+    let s = spec();
+    let new = AxTaskStatus::default();
+    let dispatch = lazily(&s, &new, None, &[], t(0), true);
+    let mut running = ran(pod(1, Run), t(0), t(1));
+    running.created_at = Some(t(0));
+    // Started within the delay: still put off, until the dispatch's delay ends.
+    let d = lazily(
+        &s,
+        &dispatch.status,
+        Some(&new),
+        &[running.clone()],
+        t(1),
+        false,
+    );
+    assert_eq!(d.status.phase, Some(Running));
+    assert_eq!(d.write_by, Some(t(2)));
+    assert!(d.actions.is_empty());
+    // At the end of the delay: written, with the dispatch and the start at their own times.
+    let d = lazily(&s, &d.status, Some(&new), &[running], t(2), false);
+    assert_eq!(d.write_by, None);
+    assert_eq!(
+        d.transitions
+            .iter()
+            .map(|e| (e.to, e.time))
+            .collect::<Vec<_>>(),
+        vec![(Pending, t(0)), (Scheduled, t(0)), (Running, t(1))]
+    );
+}
+
+#[test]
+fn a_failure_or_a_cancel_within_the_delay_is_written_at_once() {
+    let s = spec();
+    let new = AxTaskStatus::default();
+    let dispatch = lazily(&s, &new, None, &[], t(0), true);
+    let failed = ran(pod(1, Exited(3)), t(0), t(1));
+    let d = lazily(&s, &dispatch.status, Some(&new), &[failed], t(1), false);
+    assert_eq!(d.write_by, None);
+    assert!(d.transitions.iter().any(|e| e.to == Failed));
+
+    let mut canceled = s.clone();
+    canceled.cancel = true;
+    let running = ran(pod(1, Run), t(0), t(1));
+    let d = lazily(
+        &canceled,
+        &dispatch.status,
+        Some(&new),
+        &[running],
+        t(1),
+        false,
+    );
+    assert_eq!(d.write_by, None);
+    assert_eq!(d.status.phase, Some(Canceled));
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::KillPod { .. }))
+    );
+}
+
+#[test]
+fn after_a_restart_the_unwritten_dispatch_is_taken_up_from_its_pod_at_the_pods_time() {
+    let s = spec();
+    // The operator that dispatched at t(0) is gone; the status still says Pending since t(0).
+    let pending = admitted(&s, t(0));
+    let running = ran(pod(1, Run), t(0), t(1));
+    let d = lazily(&s, &pending, None, &[running], t(5), false);
+    assert_eq!(d.status.attempt, 1);
+    assert_eq!(d.status.scheduled_at, Some(t(0)));
+    assert_eq!(d.status.started_at, Some(t(1)));
+    // Its delay ended long ago: written now.
+    assert_eq!(d.write_by, None);
+    assert_eq!(d.actions, Vec::new());
+}
+
+#[test]
+fn a_worker_first_seen_finished_was_running_before() {
+    let s = spec();
+    let done = ran(pod(1, Exited(0)), t(0), t(3));
+    let d = at(&s, &scheduled(&s), &[done], t(9));
+    assert_eq!(
+        d.transitions
+            .iter()
+            .map(|e| (e.to, e.time))
+            .collect::<Vec<_>>(),
+        vec![(Running, t(3)), (Succeeded, t(9))]
+    );
+    // A pod that never started goes from Scheduled straight to its outcome.
+    let d = at(&s, &scheduled(&s), &[pod(1, Exited(0))], t(9));
+    assert_eq!(path(&d).len(), 1);
 }

@@ -230,24 +230,28 @@ fn rebuild_counts_tasks_in_flight_before_dispatching_more() {
     let tasks = [
         task("scheduled", TaskPhase::Scheduled, None),
         task("running", TaskPhase::Running, None),
+        // Dispatched, its status not written yet: its pod exists.
+        task("dispatched", TaskPhase::Pending, None),
         task("ready", TaskPhase::Pending, None),
         task("backoff", TaskPhase::Pending, Some(100)),
         task("done", TaskPhase::Succeeded, None),
     ];
+    let has_pod = |t: &AxTask| t.metadata.name.as_deref() == Some("dispatched");
     let mut registry = Registry::default();
     let spec = AxQueueSpec {
-        concurrency: 3,
+        concurrency: 4,
         ..AxQueueSpec::default()
     };
     registry.configure(&queue("q", spec, None), t(0));
-    assert_eq!(rebuild(&mut registry, &tasks, t(10)), (2, 1));
+    assert_eq!(rebuild(&mut registry, &tasks, has_pod, t(10)), (3, 1));
     assert!(registry.is_holding(&key("scheduled")) && registry.is_holding(&key("running")));
-    // One slot of three is left: the ready task takes it, nothing more goes.
+    assert!(registry.is_holding(&key("dispatched")));
+    // One slot of four is left: the ready task takes it, nothing more goes.
     assert_eq!(registry.next(t(10)), Some((key("ready"), "q".to_string())));
     assert_eq!(registry.next(t(10)), None);
     // Rebuilding again (a re-list) changes nothing.
-    rebuild(&mut registry, &tasks, t(11));
-    assert_eq!(registry.reports(t(11))[0].running, 3);
+    rebuild(&mut registry, &tasks, has_pod, t(11));
+    assert_eq!(registry.reports(t(11))[0].running, 4);
 }
 
 #[test]
