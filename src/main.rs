@@ -66,7 +66,7 @@ struct Args {
     /// How long after a dispatch the task's status may wait before it says Scheduled or Running:
     /// an attempt that ends sooner is written once, with its whole path, instead of three times.
     /// Outcomes, failures and cancels are written at once. 0 writes every change at once.
-    #[arg(long, env = "AX_PROGRESS_WRITE_DELAY_SECONDS", default_value_t = 1.0,
+    #[arg(long, env = "AX_PROGRESS_WRITE_DELAY_SECONDS", default_value_t = 3.0,
         value_parser = seconds)]
     progress_write_delay_seconds: f64,
 }
