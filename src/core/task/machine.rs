@@ -90,13 +90,19 @@ pub fn step(d: &mut Decision, event: Event, inputs: &Inputs, clock: &Clock) -> b
             d.status.dead_reason = Some(message.clone());
             d.transition(Dead, Reason::BudgetExceeded, message, op, now);
         }
-        (Some(Pending), Event::Granted) => start_attempt(d, inputs, clock, now),
+        (Some(Pending), Event::Granted) => start_attempt(d, inputs, clock, now, "runs as"),
         (Some(Pending), Event::NextPodFound) => {
             // Dispatched when its pod was created, which may have been a while before this look.
             let created =
                 super::observe::next_attempt_pod(&d.status, inputs.pods).and_then(|p| p.created_at);
             let at = since_last(d, created, now);
-            start_attempt(d, inputs, clock, at)
+            start_attempt(
+                d,
+                inputs,
+                clock,
+                at,
+                "runs in the pod created at its dispatch,",
+            )
         }
         (Some(Scheduled), Event::PodRefused(Refusal::Forbidden(message))) => {
             refused_for_now(d, inputs, clock, message)
@@ -219,7 +225,7 @@ fn since_last(d: &Decision, reported: Option<Timestamp>, now: Timestamp) -> Time
 /// Whatever lands first, a crash in between is repaired without a second pod: a Scheduled attempt
 /// without its pod creates it, a Pending task with the next attempt's pod takes the attempt up with
 /// that pod (`NextPodFound`, dispatched when that pod was created).
-fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock, now: Timestamp) {
+fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock, now: Timestamp, runs: &str) {
     d.status.attempt += 1;
     let attempt = d.status.attempt;
     let worker = pod_name(inputs.task_name, attempt);
@@ -247,7 +253,7 @@ fn start_attempt(d: &mut Decision, inputs: &Inputs, clock: &Clock, now: Timestam
         failure_kind: None,
         reason: None,
     });
-    let message = format!("attempt {attempt} runs as pod {worker}");
+    let message = format!("attempt {attempt} {runs} pod {worker}");
     d.transition(Scheduled, Reason::Dispatched, message, clock.operator, now);
 }
 
