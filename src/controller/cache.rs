@@ -13,17 +13,25 @@
 //! ([`FreshTemplates`], a bounded few), else from the whole task its status write returns; only a
 //! pod missing outside the dispatch path (a restart) reads the task again.
 //!
+//! The task controller's cache goes further ([`CachedTask`]): a task that is settled — waiting in
+//! its queue without having run, or finished — is kept as its identity and the facts of
+//! [`core::Settled`], a fraction of a whole task; its reconcile reads the whole task only when it
+//! has something to do.
+//!
 //! A cached worker pod keeps what `core::worker::observe` reads: names, labels, owners, deletion,
 //! finalizers, the main-container annotation, node, container names and statuses.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use futures::Stream;
+use futures::{Stream, TryStreamExt};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 
 use super::{TaskKey, readable};
 use crate::api::{AxTask, PodTemplate, TaskPhase};
@@ -65,6 +73,155 @@ pub fn task_watch(
     fresh: Option<Arc<FreshTemplates>>,
 ) -> impl Stream<Item = Result<watcher::Event<AxTask>, watcher::Error>> + Send {
     readable::watch(client, labels, reporter).modify(move |t| reduce(t, fresh.as_deref()))
+}
+
+/// The task controller's watch: every readable AxTask as a [`CachedTask`]; the template and payload
+/// of a task that may be dispatched next go to `fresh`.
+pub fn controller_task_watch(
+    client: Client,
+    reporter: readable::Reporter,
+    fresh: Arc<FreshTemplates>,
+) -> impl Stream<Item = Result<watcher::Event<CachedTask>, watcher::Error>> + Send {
+    readable::watch::<AxTask>(client, None, Some(reporter)).map_ok(move |event| {
+        map_event(event, |mut t| {
+            reduce(&mut t, Some(&fresh));
+            CachedTask::of(t)
+        })
+    })
+}
+
+fn map_event<A, B>(event: watcher::Event<A>, mut f: impl FnMut(A) -> B) -> watcher::Event<B> {
+    use watcher::Event::*;
+    match event {
+        Init => Init,
+        InitApply(a) => InitApply(f(a)),
+        InitDone => InitDone,
+        Apply(a) => Apply(f(a)),
+        Delete(a) => Delete(f(a)),
+    }
+}
+
+/// An AxTask in the task controller's cache: whole (reduced by [`task`]) while a decision may act
+/// on it, or settled — waiting in its queue without having run, or finished, in a state a decision
+/// leaves as it is — as its identity and the facts of [`core::Settled`]: about a third of the
+/// memory of a whole one. `task::reconcile` reads the whole task of a settled one only when it has
+/// something to do.
+#[derive(Clone, Debug)]
+pub enum CachedTask {
+    Whole(Arc<AxTask>),
+    Settled(Box<SettledTask>),
+}
+
+#[derive(Clone, Debug)]
+pub struct SettledTask {
+    /// What identifies this version of the task: names, uid, resourceVersion, generation, creation.
+    pub metadata: ObjectMeta,
+    pub facts: core::Settled,
+}
+
+impl CachedTask {
+    /// What the controller's cache keeps of `task`, already reduced by [`task`].
+    pub fn of(task: AxTask) -> CachedTask {
+        let valid = spec_error(&task).is_none();
+        match core::Settled::of(&task, valid) {
+            Some(facts) => {
+                let m = task.metadata;
+                let metadata = ObjectMeta {
+                    name: m.name,
+                    namespace: m.namespace,
+                    uid: m.uid,
+                    resource_version: m.resource_version,
+                    generation: m.generation,
+                    creation_timestamp: m.creation_timestamp,
+                    ..ObjectMeta::default()
+                };
+                CachedTask::Settled(Box::new(SettledTask { metadata, facts }))
+            }
+            None => CachedTask::Whole(Arc::new(task)),
+        }
+    }
+
+    pub fn whole(&self) -> Option<&Arc<AxTask>> {
+        match self {
+            CachedTask::Whole(task) => Some(task),
+            CachedTask::Settled(_) => None,
+        }
+    }
+
+    pub fn queue(&self) -> &str {
+        match self {
+            CachedTask::Whole(task) => &task.spec.queue,
+            CachedTask::Settled(s) => &s.facts.queue,
+        }
+    }
+
+    pub fn task_type(&self) -> &str {
+        match self {
+            CachedTask::Whole(task) => &task.spec.task_type,
+            CachedTask::Settled(s) => &s.facts.task_type,
+        }
+    }
+
+    pub fn phase(&self) -> Option<TaskPhase> {
+        match self {
+            CachedTask::Whole(task) => task.status.as_ref().and_then(|s| s.phase),
+            CachedTask::Settled(s) => Some(s.facts.phase),
+        }
+    }
+
+    /// The written `Queued` condition's reason and message, if it has one.
+    pub fn queued(&self) -> Option<(&str, &str)> {
+        match self {
+            CachedTask::Whole(task) => task
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Queued")
+                .map(|c| (c.reason.as_str(), c.message.as_str())),
+            CachedTask::Settled(s) => Some(s.facts.queued_condition()),
+        }
+    }
+}
+
+impl Resource for CachedTask {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        AxTask::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        AxTask::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        AxTask::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        AxTask::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            CachedTask::Whole(task) => &task.metadata,
+            CachedTask::Settled(s) => &s.metadata,
+        }
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            CachedTask::Whole(task) => &mut Arc::make_mut(task).metadata,
+            CachedTask::Settled(s) => &mut s.metadata,
+        }
+    }
+}
+
+/// Read as an AxTask and kept as the cache keeps it (kube's controller asks for it; the cache is
+/// fed by [`controller_task_watch`]).
+impl<'de> serde::Deserialize<'de> for CachedTask {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut task = AxTask::deserialize(deserializer)?;
+        self::task(&mut task);
+        Ok(CachedTask::of(task))
+    }
 }
 
 /// [`task`], handing what it drops to `fresh`.

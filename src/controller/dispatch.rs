@@ -13,9 +13,11 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info};
 
+use super::cache::CachedTask;
 use super::{Ctx, TaskKey, write};
-use crate::api::{AxTask, TaskPhase};
-use crate::core::queue::{Held, estimate, rebuild};
+use crate::api::TaskPhase;
+use crate::core::queue::estimate::{self, Estimate};
+use crate::core::queue::{Cached, Held, HeldReason, pending_task, rebuild};
 use crate::core::worker;
 
 /// How often held tasks are looked at again even when nothing woke the loop.
@@ -48,7 +50,12 @@ pub async fn run(ctx: Ctx) {
                 std::iter::from_fn(|| queues.next(now).map(|(key, _)| key)).collect();
             // After the grants, what holds the rest describes a settled state.
             let refresh = last_refresh.elapsed() >= HELD_REFRESH_EVERY;
-            (granted, refresh.then(|| queues.held(now)))
+            let held = refresh.then(|| {
+                queues.held_where(now, |key, reason, estimate| {
+                    words_change(&ctx, key, reason, estimate, now).is_some()
+                })
+            });
+            (granted, held)
         };
         for key in &granted {
             ctx.wake(key);
@@ -57,6 +64,28 @@ pub async fn run(ctx: Ctx) {
             last_refresh = Instant::now();
             wake_changed_reasons(&ctx, held);
         }
+    }
+}
+
+/// How the `Queued` condition of waiting task `key` falls behind what holds it now: `Some(true)` when
+/// it names another reason (or none), `Some(false)` when only its estimate moved
+/// (`estimate::moved`), `None` when it still says it.
+fn words_change(
+    ctx: &Ctx,
+    key: &TaskKey,
+    reason: HeldReason,
+    estimate: Option<&Estimate>,
+    now: Timestamp,
+) -> Option<bool> {
+    let task = ctx.tasks.get(&ObjectRef::new(&key.1).within(&key.0))?;
+    if task.phase() != Some(TaskPhase::Pending) {
+        return None;
+    }
+    match task.queued() {
+        None => Some(true),
+        Some((written, _)) if written != reason.as_str() => Some(true),
+        Some((_, message)) if estimate::moved(message, estimate, now) => Some(false),
+        Some(_) => None,
     }
 }
 
@@ -71,13 +100,8 @@ async fn start(ctx: &Ctx) {
     super::queue::sync_from_store(ctx);
     super::namespace::sync_from_store(ctx);
     // A task dispatched just before a restart may have its pod and not yet a status saying so.
-    let next_pod_exists = |task: &AxTask| {
-        let attempt = task
-            .status
-            .as_ref()
-            .map_or(0, |s| s.attempt)
-            .saturating_add(1);
-        let name = worker::pod_name(&task.name_any(), attempt);
+    let next_pod_exists = |task: &CachedTask, attempt: i32| {
+        let name = worker::pod_name(&task.name_any(), attempt.saturating_add(1));
         let namespace = task.namespace().unwrap_or_default();
         ctx.pods
             .get(&ObjectRef::<Pod>::new(&name).within(&namespace))
@@ -86,49 +110,63 @@ async fn start(ctx: &Ctx) {
                     && pod
                         .owner_references()
                         .iter()
-                        .any(|o| Some(&o.uid) == task.metadata.uid.as_ref())
+                        .any(|o| Some(&o.uid) == task.uid().as_ref())
             })
     };
     let tasks = ctx.tasks.state();
-    let (holding, pending) = rebuild(
-        &mut ctx.queues.lock(),
-        &tasks,
-        next_pod_exists,
-        Timestamp::now(),
-    );
+    let cached = tasks.iter().map(|task| {
+        let namespace = task.namespace().unwrap_or_default();
+        let pending = task.phase() == Some(TaskPhase::Pending);
+        let (cancel, next_attempt_at, attempt, entry) = match task.as_ref() {
+            CachedTask::Whole(whole) => {
+                let status = whole.status.as_ref();
+                (
+                    whole.spec.cancel,
+                    status.and_then(|s| s.next_attempt_at),
+                    status.map_or(0, |s| s.attempt),
+                    pending.then(|| pending_task(whole)),
+                )
+            }
+            CachedTask::Settled(settled) => (
+                false,
+                settled.facts.next_attempt_at,
+                settled.facts.attempt,
+                pending.then(|| settled.facts.pending(&namespace)),
+            ),
+        };
+        Cached {
+            key: (namespace, task.name_any()),
+            queue: task.queue(),
+            task_type: task.task_type(),
+            phase: task.phase(),
+            cancel,
+            next_attempt_at,
+            next_pod: next_pod_exists(task, attempt),
+            pending: entry,
+        }
+    });
+    let (holding, pending) = rebuild(&mut ctx.queues.lock(), cached, Timestamp::now());
     info!(holding, pending, "queues rebuilt from the cache");
 }
 
 /// Wakes the reconcile of every waiting task whose `Queued` condition does not say what holds it
 /// now, or whose estimated start moved meaningfully (`estimate::moved`); the reconcile writes the
-/// new condition. One write per task whose reason or estimate changed, never per tick, and at most
-/// [`ESTIMATE_WRITES_PER_REFRESH`] for estimates alone.
+/// new condition. `held` are those tasks ([`words_change`]). One write per task whose reason or
+/// estimate changed, never per tick, and at most [`ESTIMATE_WRITES_PER_REFRESH`] for estimates
+/// alone.
 fn wake_changed_reasons(ctx: &Ctx, mut held: Vec<Held>) {
     let now = Timestamp::now();
     // Nearest the front first: theirs are the estimates a person is waiting on.
     held.sort_by_key(|h| h.estimate.as_ref().map_or(u64::MAX, |e| e.position));
     let mut estimate_budget = ESTIMATE_WRITES_PER_REFRESH;
     for h in held {
-        let Some(task) = ctx.tasks.get(&ObjectRef::new(&h.key.1).within(&h.key.0)) else {
-            continue;
-        };
-        let Some(status) = task.status.as_ref() else {
-            continue;
-        };
-        if status.phase != Some(TaskPhase::Pending) {
-            continue;
-        }
-        let says = status.conditions.iter().find(|c| c.type_ == "Queued");
-        let wake = match says {
-            None => true,
-            Some(c) if c.reason != h.reason.as_str() => true,
-            Some(c)
-                if estimate_budget > 0 && estimate::moved(&c.message, h.estimate.as_ref(), now) =>
-            {
+        let wake = match words_change(ctx, &h.key, h.reason, h.estimate.as_ref(), now) {
+            Some(true) => true,
+            Some(false) if estimate_budget > 0 => {
                 estimate_budget -= 1;
                 true
             }
-            Some(_) => false,
+            _ => false,
         };
         if wake {
             ctx.wake(&h.key);

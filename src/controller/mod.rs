@@ -36,7 +36,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 
-use crate::api::{AxQueue, AxTask, AxTaskStatus};
+use crate::api::{AxQueue, AxTaskStatus};
 use crate::core::queue::Registry;
 use crate::core::task::CallbackResult;
 use crate::ops::metrics::Metrics;
@@ -183,7 +183,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Context {
     pub client: Client,
     pub recorder: Recorder,
-    pub tasks: Store<AxTask>,
+    pub tasks: Store<cache::CachedTask>,
     /// The templates of tasks just delivered, for a dispatch that builds its pod at once.
     pub fresh: Arc<cache::FreshTemplates>,
     pub pods: Store<Pod>,
@@ -196,7 +196,7 @@ pub struct Context {
     /// Wakes the dispatch loop when a slot may have been freed or a task became eligible.
     pub dispatch_wanted: Notify,
     /// Reconciles a task soon: it was granted a slot, what holds it changed, its callback answered.
-    pub wake: UnboundedSender<ObjectRef<AxTask>>,
+    pub wake: UnboundedSender<ObjectRef<cache::CachedTask>>,
     pub tracking: Tracking,
     /// `ax-operator/<pod>`: the actor recorded in history.
     pub operator: String,
@@ -363,6 +363,24 @@ impl Tracking {
         }
         state.unwritten.remove(key);
         None
+    }
+
+    /// Whether this process has something of its own to do for the task: a status put off, a pod
+    /// just created, a callback's outcome to record.
+    pub fn has_work(&self, key: &TaskKey) -> bool {
+        let state = self.lock();
+        state.unwritten.contains_key(key)
+            || state.expected_pods.contains_key(key)
+            || state.callbacks.contains_key(key)
+    }
+
+    /// The phase of every status put off, by task.
+    pub fn unwritten_phases(&self) -> Vec<(TaskKey, crate::api::TaskPhase)> {
+        self.lock()
+            .unwritten
+            .iter()
+            .filter_map(|(key, u)| Some((key.clone(), u.decided.phase?)))
+            .collect()
     }
 
     /// The task's status was written: nothing is put off any more.

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use super::write::{self, ApiError};
 use super::{Ctx, FIELD_MANAGER};
-use crate::api::{AxQueue, AxQueueSpec, AxTask, DEFAULT_QUEUE};
+use crate::api::{AxQueue, AxQueueSpec, DEFAULT_QUEUE};
 use crate::core::queue::{QueueReport, capacity, queue_status};
 
 /// How often `AxQueue.status` and the queue metrics are brought up to date (written only when
@@ -170,10 +170,10 @@ fn adapt(ctx: &Ctx, now: Timestamp) {
         let namespace = pod.namespace()?;
         let task = ctx
             .tasks
-            .get(&ObjectRef::<AxTask>::new(&owner.name).within(&namespace))?;
+            .get(&ObjectRef::new(&owner.name).within(&namespace))?;
         adaptive
-            .contains(&task.spec.queue)
-            .then(|| task.spec.queue.clone())
+            .contains(task.queue())
+            .then(|| task.queue().to_string())
     };
     let mut seen = capacity::tally(
         pods.iter()

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::Notify;
@@ -91,11 +92,10 @@ pub async fn run(
     let recorder = Recorder::new(client.clone(), reporter);
     let task_events = reflector::reflector(
         tasks_writer,
-        cache::task_watch(
+        cache::controller_task_watch(
             client.clone(),
-            None,
-            Some(readable::Reporter::new(recorder.clone())),
-            Some(fresh.clone()),
+            readable::Reporter::new(recorder.clone()),
+            fresh.clone(),
         ),
     )
     .touched_objects();
@@ -166,20 +166,37 @@ async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sende
 const COUNT_EVERY: Duration = Duration::from_secs(2);
 
 /// Keeps the per-phase task gauges in step with the cache: one pass over it every couple of
-/// seconds, far from any dispatch path.
+/// seconds, far from any dispatch path. A task whose new phase is decided and not written yet
+/// (`core::task::Decision::write_by`) counts in that phase: a short attempt is never written
+/// Running, yet it ran.
 async fn count_tasks(ctx: super::Ctx) {
     let mut tick = tokio::time::interval(COUNT_EVERY);
     loop {
         tick.tick().await;
-        let mut counts: HashMap<(String, String, &'static str), usize> = HashMap::new();
-        for task in ctx.tasks.state() {
-            let phase = task
-                .status
-                .as_ref()
-                .and_then(|s| s.phase)
-                .map_or("New", |p| p.as_str());
-            let key = (task.spec.queue.clone(), task.spec.task_type.clone(), phase);
-            *counts.entry(key).or_default() += 1;
+        let tasks = ctx.tasks.state();
+        let mut by_phase: HashMap<(&str, &str, &'static str), usize> = HashMap::new();
+        for task in &tasks {
+            let phase = task.phase().map_or("New", |p| p.as_str());
+            *by_phase
+                .entry((task.queue(), task.task_type(), phase))
+                .or_default() += 1;
+        }
+        let mut counts: HashMap<(String, String, &'static str), usize> = by_phase
+            .into_iter()
+            .map(|((queue, task_type, phase), n)| ((queue.into(), task_type.into(), phase), n))
+            .collect();
+        for (key, decided) in ctx.tracking.unwritten_phases() {
+            let Some(task) = ctx.tasks.get(&ObjectRef::new(&key.1).within(&key.0)) else {
+                continue;
+            };
+            let written = task.phase().map_or("New", |p| p.as_str());
+            let (queue, task_type) = (task.queue().to_string(), task.task_type().to_string());
+            if let Some(n) = counts.get_mut(&(queue.clone(), task_type.clone(), written)) {
+                *n = n.saturating_sub(1);
+            }
+            *counts
+                .entry((queue, task_type, decided.as_str()))
+                .or_default() += 1;
         }
         ctx.metrics.set_task_counts(counts);
     }

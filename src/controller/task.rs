@@ -9,12 +9,13 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, GetParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
+use super::cache::{CachedTask, SettledTask};
 use super::write::{self, ApiError, api_message};
 use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, cache, version_of};
 use crate::api::{AxTask, AxTaskStatus, HistoryEntry, TaskPhase};
@@ -40,24 +41,113 @@ pub fn clock(ctx: &Ctx) -> Clock<'_> {
     }
 }
 
-#[tracing::instrument(skip_all, fields(namespace = task.namespace(), name = task.name_any(),
-    attempt = task.status.as_ref().map(|s| s.attempt)))]
-pub async fn reconcile(task: Arc<AxTask>, ctx: Ctx) -> Result<Requeue> {
+#[tracing::instrument(skip_all, fields(namespace = cached.namespace(), name = cached.name_any(),
+    attempt = tracing::field::Empty))]
+pub async fn reconcile(cached: Arc<CachedTask>, ctx: Ctx) -> Result<Requeue> {
     let _timer = ctx.metrics.reconcile_timer("axtask");
     // A pod missing from an incomplete cache would look deleted: decide only on complete caches.
     if !super::cache_listed(&ctx.pods) || !super::cache_listed(&ctx.nodes) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
-    let key = key(&task);
-    if task.metadata.deletion_timestamp.is_some() {
+    let key = (cached.namespace().unwrap_or_default(), cached.name_any());
+    if kube::Resource::meta(cached.as_ref())
+        .deletion_timestamp
+        .is_some()
+    {
         // Its pods go with it (owner references); it holds nothing any more.
         release(&key, &ctx);
         return Ok(Requeue::await_change());
     }
-    if ctx.tracking.is_stale(&key, version_of(task.as_ref())) {
+    if ctx.tracking.is_stale(&key, version_of(cached.as_ref())) {
         // Our own newer write is on its way through the watch and triggers the next reconcile.
         return Ok(Requeue::await_change());
     }
+    let task = match cached.as_ref() {
+        CachedTask::Whole(task) => task.clone(),
+        CachedTask::Settled(settled) => {
+            if let Some(requeue) = look_at_settled(&key, settled, &ctx) {
+                return Ok(requeue);
+            }
+            match read_whole(&key, settled, &ctx).await? {
+                Some(task) => task,
+                None => {
+                    release(&key, &ctx);
+                    return Ok(Requeue::await_change());
+                }
+            }
+        }
+    };
+    let attempt = task.status.as_ref().map_or(0, |s| s.attempt);
+    tracing::Span::current().record("attempt", attempt);
+    decide_on(task, key, ctx).await
+}
+
+/// A look at a settled task from its cached facts (see `cache::CachedTask`): `Some` when it changes
+/// nothing — the queue learns where the task stands — and `None` when the whole task must be
+/// decided on: a slot granted, something new to say, a spec edit, a pod, a TTL come due, or what
+/// this process still has to do for it.
+fn look_at_settled(key: &TaskKey, settled: &SettledTask, ctx: &Ctx) -> Option<Requeue> {
+    if ctx.tracking.has_work(key) {
+        return None;
+    }
+    let meta = &settled.metadata;
+    let facts = &settled.facts;
+    let uid = meta.uid.as_deref()?;
+    let pods = pods_named(key, uid, facts.attempt, ctx);
+    let now = Timestamp::now();
+    let (granted, held) = {
+        let queues = ctx.queues.lock();
+        (queues.is_granted(key), queues.held_reason(key, now))
+    };
+    let held = held
+        .as_ref()
+        .map(|(reason, message)| (*reason, message.as_str()));
+    let idle = facts.idle(meta.generation, granted, held, &pods, now)?;
+    let freed = {
+        let mut queues = ctx.queues.lock();
+        match idle.queue {
+            QueueState::Ready => {
+                queues.upsert(key, &facts.queue, facts.pending(&key.0));
+                true
+            }
+            _ => queues.remove(key),
+        }
+    };
+    if freed {
+        ctx.dispatch_wanted.notify_one();
+    }
+    Some(match idle.look_again {
+        Some(at) => {
+            let wait = Duration::try_from(at.duration_since(now)).unwrap_or_default();
+            Requeue::requeue(wait + Duration::from_millis(50))
+        }
+        None => Requeue::await_change(),
+    })
+}
+
+/// The whole task of a settled one, as of (at least) the version the cache holds; `None` when it
+/// is gone. A read of the API server's watch cache.
+async fn read_whole(
+    key: &TaskKey,
+    settled: &SettledTask,
+    ctx: &Ctx,
+) -> Result<Option<Arc<AxTask>>> {
+    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &key.0);
+    let params = settled
+        .metadata
+        .resource_version
+        .as_deref()
+        .map_or_else(GetParams::default, GetParams::at);
+    match api.get_with(&key.1, &params).await {
+        Ok(task) if task.metadata.uid == settled.metadata.uid => Ok(Some(Arc::new(task))),
+        Ok(_) => Ok(None),
+        Err(e) if ApiError::of(&e) == ApiError::NotFound => Ok(None),
+        Err(e) => Err(Error::Read("the task", e)),
+    }
+}
+
+/// Decides on the whole task and carries the decision out.
+async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue> {
     let callback = ctx.tracking.take_callback(&key);
     let spec_error = cache::spec_error(&task);
     let main_has_probe = cache::main_has_probe(&task);
@@ -146,16 +236,18 @@ fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
 /// that did not land (a conflict, or the operator stopped in between): the core takes the attempt
 /// up with it, or stops it if the task may not start now.
 fn pods_of(task: &AxTask, status: &AxTaskStatus, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
-    let (Some(namespace), Some(uid)) = (task.namespace(), task.uid()) else {
-        return Vec::new();
-    };
-    let attempts = status.attempt;
+    match task.uid() {
+        Some(uid) => pods_named(key, &uid, status.attempt, ctx),
+        None => Vec::new(),
+    }
+}
+
+/// The pods of task `key` (uid `uid`) of attempts 1..=attempts+1, as [`pods_of`] says.
+fn pods_named(key: &TaskKey, uid: &str, attempts: i32, ctx: &Ctx) -> Vec<WorkerState> {
     let mut pods: Vec<WorkerState> = (1..=attempts.saturating_add(1))
         .filter_map(|attempt| {
-            let name = pod_name(&task.name_any(), attempt);
-            let pod = ctx
-                .pods
-                .get(&ObjectRef::<Pod>::new(&name).within(&namespace))?;
+            let name = pod_name(&key.1, attempt);
+            let pod = ctx.pods.get(&ObjectRef::<Pod>::new(&name).within(&key.0))?;
             pod.owner_references()
                 .iter()
                 .any(|o| o.uid == uid)
@@ -203,10 +295,16 @@ async fn apply(
 ) -> Result<Applied> {
     let create = decision.actions.contains(&Action::CreatePod);
     // The whole task, for a pod created before or beside the status write: the one the watch just
-    // delivered, if it is still at hand (a task that waited gets its pod from the whole task its
-    // status write returns).
+    // delivered, if it is still at hand, or the one just read (a task that waited without being
+    // settled gets its pod from the whole task its status write returns).
     let whole = if create && (decision.dispatched || decision.write_by.is_some()) {
-        ctx.fresh.take(key, task).map(|mut full| {
+        let full = if cache::is_stripped(task) {
+            ctx.fresh.take(key, task)
+        } else {
+            // Read whole a moment ago (a settled task that was granted its slot).
+            Some(task.as_ref().clone())
+        };
+        full.map(|mut full| {
             full.status = Some(decision.status.clone());
             full
         })
@@ -632,7 +730,7 @@ fn publish(task: &AxTask, type_: EventType, reason: &str, note: &str, ctx: &Ctx)
     super::publish_event(&ctx.recorder, task, type_, reason, note);
 }
 
-pub fn error_policy(task: Arc<AxTask>, error: &Error, ctx: Ctx) -> Requeue {
+pub fn error_policy(task: Arc<CachedTask>, error: &Error, ctx: Ctx) -> Requeue {
     let category = error.category();
     ctx.metrics
         .reconcile_error("axtask", error.step(), category.as_str());

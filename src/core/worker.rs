@@ -215,6 +215,12 @@ impl WorkerState {
         !matches!(self.phase, PodPhase::Succeeded | PodPhase::Failed)
     }
 
+    /// A pod that is done and asks nothing more: terminal, not being deleted, no outcome to read.
+    /// Decisions leave such a pod as it is (it goes with its task).
+    pub fn is_inert(&self) -> bool {
+        !self.is_running_phase() && !self.deleting && !self.outcome_finalizer && self.uid.is_some()
+    }
+
     /// Whether the main container has finished (an exit is known, or the pod is terminal).
     pub fn main_finished(&self) -> bool {
         self.main == MainContainer::Terminated || !self.is_running_phase()

@@ -21,7 +21,7 @@ use super::adaptive::{self, AdaptiveConcurrency, Bounds, Change, Observation};
 use super::config::{LimitsInForce, QueueConfig, QueueSpecError, queue_config};
 use super::dispatcher::{Dispatcher, HeldReason, OpenCircuit, Outcome, PendingTask};
 use super::estimate::{Estimate, NoEstimate};
-use crate::api::{AxQueue, AxQueueSpec, AxTask, AxTaskSpec, AxTaskStatus, Priority};
+use crate::api::{AxQueue, AxQueueSpec, AxTask, AxTaskSpec, AxTaskStatus, Priority, TaskPhase};
 
 /// Namespace and name of a task.
 pub type TaskKey = (String, String);
@@ -200,13 +200,12 @@ pub struct QueueReport {
     pub generation: Option<i64>,
 }
 
-/// A task held back and what holds it.
+/// A task held back and what holds it (in words: [`Registry::held_reason`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Held {
     pub key: TaskKey,
     pub reason: HeldReason,
-    pub message: String,
-    /// Its place in its bucket and estimated start (what the message says about them).
+    /// Its place in its bucket and estimated start.
     pub estimate: Option<Estimate>,
 }
 
@@ -453,33 +452,38 @@ impl Registry {
     /// What holds the waiting task `key` at `now`, with where it stands in its bucket and its
     /// estimated start; `None` if it is not waiting for a slot.
     pub fn held_reason(&self, key: &TaskKey, now: Timestamp) -> Option<(HeldReason, String)> {
-        self.held_detail(key, now)
+        self.held_detail(key, now, true)
             .map(|(reason, message, _)| (reason, message))
     }
 
+    /// What holds `key`, its estimate and, if `say`, the message saying both (else empty).
     fn held_detail(
         &self,
         key: &TaskKey,
         now: Timestamp,
+        say: bool,
     ) -> Option<(HeldReason, String, Option<Estimate>)> {
         let task = self.tasks.get(key).filter(|t| !t.place.is_holding())?;
         let entry = self.queues.get(&task.queue)?;
         let q = &task.queue;
         let namespace = &key.0;
+        let words = |say_it: &dyn Fn() -> String| if say { say_it() } else { String::new() };
         Some(match entry.availability {
             Availability::NotFound => (
                 HeldReason::QueueNotFound,
-                format!("AxQueue {q} does not exist"),
+                words(&|| format!("AxQueue {q} does not exist")),
                 None,
             ),
             Availability::Invalid => (
                 HeldReason::QueueInvalid,
-                format!("AxQueue {q} has no valid spec (see its InvalidSpec condition)"),
+                words(&|| format!("AxQueue {q} has no valid spec (see its InvalidSpec condition)")),
                 None,
             ),
             Availability::Active if task.place.is_forbidden() => (
                 HeldReason::QueueForbidden,
-                if self.namespaces.contains_key(namespace) {
+                if !say {
+                    String::new()
+                } else if self.namespaces.contains_key(namespace) {
                     format!(
                         "namespace {namespace} is not selected by the namespaceSelector of AxQueue {q}"
                     )
@@ -493,7 +497,7 @@ impl Registry {
             Availability::Active => {
                 let dispatcher = &entry.dispatcher;
                 let (reason, task_type) = dispatcher.held_reason(key, now)?;
-                let stem = match reason {
+                let stem = || match reason {
                     HeldReason::ConcurrencyLimit => {
                         format!("the concurrency of AxQueue {q} is in use")
                     }
@@ -528,8 +532,9 @@ impl Registry {
                     _ => e,
                 });
                 let message = match &estimate {
-                    Some(e) => format!("{stem}; {}", e.describe()),
-                    None => stem,
+                    _ if !say => String::new(),
+                    Some(e) => format!("{}; {}", stem(), e.describe()),
+                    None => stem(),
                 };
                 (reason, message, estimate)
             }
@@ -539,6 +544,16 @@ impl Registry {
     /// Every task waiting for a slot and what holds it at `now`. Recomputes every waiting task's
     /// position first (one ordered pass per bucket): this is the periodic refresh.
     pub fn held(&mut self, now: Timestamp) -> Vec<Held> {
+        self.held_where(now, |_, _, _| true)
+    }
+
+    /// [`Registry::held`], keeping only the tasks `keep` picks: a backlog of 100,000 is looked at
+    /// without a word or a copy made for each.
+    pub fn held_where(
+        &mut self,
+        now: Timestamp,
+        mut keep: impl FnMut(&TaskKey, HeldReason, Option<&Estimate>) -> bool,
+    ) -> Vec<Held> {
         for entry in self.queues.values_mut() {
             if entry.dispatcher.pending_len() > 0 {
                 entry.dispatcher.refresh_positions();
@@ -547,11 +562,10 @@ impl Registry {
         self.tasks
             .keys()
             .filter_map(|key| {
-                let (reason, message, estimate) = self.held_detail(key, now)?;
-                Some(Held {
+                let (reason, _, estimate) = self.held_detail(key, now, false)?;
+                keep(key, reason, estimate.as_ref()).then(|| Held {
                     key: key.clone(),
                     reason,
-                    message,
                     estimate,
                 })
             })
@@ -763,46 +777,56 @@ impl Registry {
     }
 }
 
+/// What the rebuild reads of one cached task.
+pub struct Cached<'a> {
+    pub key: TaskKey,
+    pub queue: &'a str,
+    pub task_type: &'a str,
+    /// As written (`None`: new).
+    pub phase: Option<TaskPhase>,
+    pub cancel: bool,
+    pub next_attempt_at: Option<Timestamp>,
+    /// Its next attempt's pod exists: dispatched just before a restart (or by an earlier leader),
+    /// its status not saying so yet.
+    pub next_pod: bool,
+    /// What its queue's dispatcher holds of it, for a Pending task.
+    pub pending: Option<PendingTask>,
+}
+
 /// Puts every cached task where it belongs before the first dispatch: tasks with an attempt in
-/// flight or ending hold their slots (dispatched before a restart, or by an earlier leader, whose
-/// status may not say so yet: `next_pod_exists` tells whether a new or Pending task's next
-/// attempt's pod exists), eligible Pending tasks wait for one. Returns how many of each. O(n) over
-/// the tasks, once.
-pub fn rebuild(
+/// flight or ending hold their slots (dispatched before a restart, or by an earlier leader), eligible
+/// Pending tasks wait for one. Returns how many of each. O(n) over the tasks, once.
+pub fn rebuild<'a>(
     registry: &mut Registry,
-    tasks: &[std::sync::Arc<AxTask>],
-    next_pod_exists: impl Fn(&AxTask) -> bool,
+    tasks: impl IntoIterator<Item = Cached<'a>>,
     now: Timestamp,
 ) -> (usize, usize) {
-    use crate::api::TaskPhase;
     let (mut holding, mut pending) = (0, 0);
     for task in tasks {
-        let key = (task.namespace().unwrap_or_default(), task.name_any());
-        if registry.tasks.contains_key(&key) {
+        if registry.tasks.contains_key(&task.key) {
             // Already placed by its reconcile, which saw a newer state than a re-list might.
             continue;
         }
-        let phase = task.status.as_ref().and_then(|s| s.phase);
-        if matches!(phase, None | Some(TaskPhase::Pending)) && next_pod_exists(task) {
-            registry.hold(&key, &task.spec.queue, &task.spec.task_type);
+        let waiting = matches!(task.phase, None | Some(TaskPhase::Pending));
+        if waiting && task.next_pod {
+            registry.hold(&task.key, task.queue, task.task_type);
             holding += 1;
             continue;
         }
-        let Some(status) = task.status.as_ref() else {
-            continue;
-        };
-        match status.phase {
+        match task.phase {
             Some(
                 TaskPhase::Scheduled | TaskPhase::Running | TaskPhase::Failed | TaskPhase::TimedOut,
             ) => {
-                registry.hold(&key, &task.spec.queue, &task.spec.task_type);
+                registry.hold(&task.key, task.queue, task.task_type);
                 holding += 1;
             }
             Some(TaskPhase::Pending)
-                if !task.spec.cancel && status.next_attempt_at.is_none_or(|at| at <= now) =>
+                if !task.cancel && task.next_attempt_at.is_none_or(|at| at <= now) =>
             {
-                registry.upsert(&key, &task.spec.queue, pending_task(task));
-                pending += 1;
+                if let Some(entry) = task.pending {
+                    registry.upsert(&task.key, task.queue, entry);
+                    pending += 1;
+                }
             }
             _ => {}
         }
@@ -813,9 +837,11 @@ pub fn rebuild(
 /// What a task waiting for dispatch looks like to its queue's dispatcher.
 pub fn pending_task(task: &AxTask) -> PendingTask {
     let created = task.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let status = task.status.clone().unwrap_or_default();
     let namespace = task.namespace().unwrap_or_default();
-    pending_of(&namespace, &task.spec, &status, created)
+    match task.status.as_ref() {
+        Some(status) => pending_of(&namespace, &task.spec, status, created),
+        None => pending_of(&namespace, &task.spec, &AxTaskStatus::default(), created),
+    }
 }
 
 /// The same from a status that is not written yet (the reconciler's decision).

@@ -12,6 +12,7 @@ mod conditions;
 mod machine;
 mod observe;
 mod reason;
+mod settled;
 mod validate;
 
 #[cfg(test)]
@@ -29,6 +30,7 @@ pub use observe::{
     observe, should_run, soft_deadline, soft_timeout_not_alive,
 };
 pub use reason::Reason;
+pub use settled::{Idle, QueuedAs, Settled};
 pub use validate::{
     MAX_PAYLOAD_BYTES, POD_ANNOTATIONS_MAX_BYTES, TaskSpecError, payload_json, validate,
 };

@@ -1886,3 +1886,189 @@ fn a_worker_first_seen_finished_was_running_before() {
     let d = at(&s, &scheduled(&s), &[pod(1, Exited(0))], t(9));
     assert_eq!(path(&d).len(), 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Settled tasks: what the cache keeps of a waiting or finished task (Settled)
+// ---------------------------------------------------------------------------------------------
+
+fn arb_held() -> impl Strategy<Value = Option<(HeldReason, String)>> {
+    let reasons = proptest::sample::select(vec![
+        HeldReason::ConcurrencyLimit,
+        HeldReason::Waiting,
+        HeldReason::TypeConcurrencyLimit,
+        HeldReason::QueueNotFound,
+        HeldReason::CircuitOpen,
+    ]);
+    let messages = proptest::sample::select(vec![
+        "the concurrency of AxQueue q is in use".to_string(),
+        "the concurrency of AxQueue q is in use; position 3 of 9 in the Normal bucket at 2030-03-17T17:46:40Z, estimated start 2030-03-17T17:50:00Z (1.0 dispatches/min)".to_string(),
+        "the concurrency of AxQueue q is in use; position 2 of 8 in the Normal bucket at 2030-03-17T17:46:50Z, estimated start 2030-03-17T17:50:05Z (1.0 dispatches/min)".to_string(),
+        "waiting for dispatch".to_string(),
+    ]);
+    prop::option::weighted(0.8, (reasons, messages))
+}
+
+/// A task as decisions leave it: admitted (held or delayed, maybe later held), or run to an end
+/// (its pod stopped), with the pods it has then and what held it last.
+type SettledCase = (
+    AxTaskSpec,
+    AxTaskStatus,
+    Vec<WorkerState>,
+    Option<(HeldReason, String)>,
+);
+
+fn arb_settled_task() -> impl Strategy<Value = SettledCase> {
+    (
+        arb_spec(),
+        arb_held(),
+        arb_held(),
+        0u8..5,
+        0i64..900,
+        prop::bool::weighted(0.8),
+    )
+        .prop_map(|(mut spec, first, later, path, later_at, no_rerun)| {
+            if no_rerun {
+                spec.rerun = 0;
+            }
+            let held = |h: &Option<(HeldReason, String)>| h.as_ref().map(|(r, m)| (*r, m.clone()));
+            let decide_held = |spec: &AxTaskSpec,
+                               status: &AxTaskStatus,
+                               pods: &[WorkerState],
+                               h: Option<(HeldReason, String)>,
+                               now: Timestamp| {
+                let message = h.as_ref().map(|(_, m)| m.clone()).unwrap_or_default();
+                let reason = h.map(|(r, _)| r);
+                decide_with(spec, status, pods, now, |i| {
+                    i.held = reason.map(|r| (r, &*Box::leak(message.into_boxed_str())));
+                })
+                .status
+            };
+            if path < 2 || validate(&spec).is_err() {
+                spec.cancel = false;
+                let admitted =
+                    decide_held(&spec, &AxTaskStatus::default(), &[], held(&first), t(0));
+                let (status, last) = if path == 1 {
+                    let status = decide_held(&spec, &admitted, &[], held(&later), t(later_at));
+                    (status, later)
+                } else {
+                    (admitted, first)
+                };
+                return (spec, status, Vec::new(), last);
+            }
+            // Dispatched at t(0), ran, ended: exit 0, exit 3 (retried or Dead), or canceled.
+            spec.start_after = None;
+            let code = if path == 2 { 0 } else { 3 };
+            spec.cancel = false;
+            spec.retry.max_retries = 0;
+            let mut status = scheduled(&spec);
+            spec.cancel = path == 4;
+            let mut pods = vec![pod(1, Run)];
+            for step in 0..6 {
+                if step == 1 && !spec.cancel {
+                    pods = vec![pod(1, Exited(code))];
+                }
+                if step == 2 {
+                    // Whatever was killed has stopped.
+                    for p in &mut pods {
+                        p.deleting = false;
+                        p.outcome_finalizer = false;
+                        if p.is_running_phase() {
+                            p.phase = PodPhase::Failed;
+                            p.main = MainContainer::Terminated;
+                        }
+                    }
+                }
+                status = at(&spec, &status, &pods, t(10 + step)).status;
+            }
+            if spec.callback.is_some() {
+                status = callback_outcome(&status, CallbackResult::Delivered, "200", t(20));
+            }
+            (spec, status, pods, None)
+        })
+}
+
+fn task_of(spec: &AxTaskSpec, status: &AxTaskStatus) -> crate::api::AxTask {
+    let mut task = crate::api::AxTask::new(TASK, spec.clone());
+    task.metadata.generation = Some(1);
+    task.status = Some(status.clone());
+    task
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    /// Whenever the cached facts say a look changes nothing, deciding on the whole task agrees:
+    /// same status, no action, the same place in the queue and the same time to look again.
+    #[test]
+    fn an_idle_settled_task_is_one_decide_leaves_as_it_is(
+        (spec, status, pods, last_held) in arb_settled_task(),
+        extra_pod in prop::option::weighted(0.2, arb_pod(1)),
+        now in 0i64..2000,
+        granted in prop::bool::weighted(0.2),
+        other_held in arb_held(),
+        same_held in prop::bool::weighted(0.6),
+        spec_changed in prop::bool::weighted(0.1),
+    ) {
+        let held = if same_held { last_held } else { other_held };
+        let now = t(now);
+        let task = task_of(&spec, &status);
+        let valid = validate(&spec).is_ok();
+        let Some(settled) = Settled::of(&task, valid) else {
+            return Ok(());
+        };
+        let mut pods = pods;
+        pods.extend(extra_pod);
+        let generation = Some(if spec_changed { 2 } else { 1 });
+        let held_ref = held.as_ref().map(|(r, m)| (*r, m.as_str()));
+        let Some(idle) = settled.idle(generation, granted, held_ref, &pods, now) else {
+            return Ok(());
+        };
+        let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
+        inputs.generation = generation;
+        inputs.granted = granted;
+        inputs.held = held_ref;
+        let d = decide(&inputs, &clock(now));
+        prop_assert_eq!(&d.status, &status);
+        prop_assert!(d.actions.is_empty(), "{:?}", d.actions);
+        prop_assert_eq!(d.queue, idle.queue);
+        let look_again = idle
+            .look_again
+            .map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default());
+        prop_assert_eq!(d.requeue_after, look_again);
+    }
+}
+
+#[test]
+fn a_backlog_task_and_a_finished_one_are_settled_and_idle() {
+    let s = spec();
+    let message = "the concurrency of AxQueue default is in use";
+    let waiting = decide_with(&s, &AxTaskStatus::default(), &[], t(0), |i| {
+        i.held = Some((HeldReason::ConcurrencyLimit, message));
+    })
+    .status;
+    let settled = Settled::of(&task_of(&s, &waiting), true).expect("a waiting task is settled");
+    assert_eq!(
+        settled.queued,
+        QueuedAs::Held(HeldReason::ConcurrencyLimit, message.into())
+    );
+    let held = Some((HeldReason::ConcurrencyLimit, message));
+    let idle = settled.idle(Some(1), false, held, &[], t(5));
+    assert_eq!(idle.map(|i| i.queue), Some(QueueState::Ready));
+    // A slot, another reason, a pod or a spec edit needs the whole task.
+    assert_eq!(settled.idle(Some(1), true, held, &[], t(5)), None);
+    let other = Some((HeldReason::TypeConcurrencyLimit, message));
+    assert_eq!(settled.idle(Some(1), false, other, &[], t(5)), None);
+    assert_eq!(
+        settled.idle(Some(1), false, held, &[pod(1, Run)], t(5)),
+        None
+    );
+    assert_eq!(settled.idle(Some(2), false, held, &[], t(5)), None);
+
+    let done = at(&s, &running(&s), &[pod(1, Exited(0))], t(9)).status;
+    assert_eq!(done.phase, Some(Succeeded));
+    let settled = Settled::of(&task_of(&s, &done), true).expect("a finished task is settled");
+    let idle = settled.idle(Some(1), false, None, &[pod(1, Exited(0))], t(50));
+    assert_eq!(idle.map(|i| i.queue), Some(QueueState::Done));
+    // A running or retried task is not.
+    assert!(Settled::of(&task_of(&s, &running(&s)), true).is_none());
+}

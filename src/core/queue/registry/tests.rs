@@ -236,21 +236,36 @@ fn rebuild_counts_tasks_in_flight_before_dispatching_more() {
         task("backoff", TaskPhase::Pending, Some(100)),
         task("done", TaskPhase::Succeeded, None),
     ];
-    let has_pod = |t: &AxTask| t.metadata.name.as_deref() == Some("dispatched");
+    fn cached(t: &Arc<AxTask>) -> Cached<'_> {
+        let status = t.status.as_ref().expect("a status");
+        Cached {
+            key: key(t.metadata.name.as_deref().unwrap_or_default()),
+            queue: &t.spec.queue,
+            task_type: &t.spec.task_type,
+            phase: status.phase,
+            cancel: t.spec.cancel,
+            next_attempt_at: status.next_attempt_at,
+            next_pod: t.metadata.name.as_deref() == Some("dispatched"),
+            pending: Some(pending_task(t)),
+        }
+    }
     let mut registry = Registry::default();
     let spec = AxQueueSpec {
         concurrency: 4,
         ..AxQueueSpec::default()
     };
     registry.configure(&queue("q", spec, None), t(0));
-    assert_eq!(rebuild(&mut registry, &tasks, has_pod, t(10)), (3, 1));
+    assert_eq!(
+        rebuild(&mut registry, tasks.iter().map(cached), t(10)),
+        (3, 1)
+    );
     assert!(registry.is_holding(&key("scheduled")) && registry.is_holding(&key("running")));
     assert!(registry.is_holding(&key("dispatched")));
     // One slot of four is left: the ready task takes it, nothing more goes.
     assert_eq!(registry.next(t(10)), Some((key("ready"), "q".to_string())));
     assert_eq!(registry.next(t(10)), None);
     // Rebuilding again (a re-list) changes nothing.
-    rebuild(&mut registry, &tasks, has_pod, t(11));
+    rebuild(&mut registry, tasks.iter().map(cached), t(11));
     assert_eq!(registry.reports(t(11))[0].running, 4);
 }
 
@@ -504,9 +519,10 @@ fn the_refresh_reports_estimates_once_the_bucket_moves() {
         estimate.start,
         Ok(now + jiff::SignedDuration::from_secs(15))
     );
-    assert!(last.message.contains("estimated start"), "{}", last.message);
+    let (_, message) = registry.held_reason(&key("t9"), now).expect("held");
+    assert!(message.contains("estimated start"), "{message}");
     assert!(!crate::core::queue::estimate::moved(
-        &last.message,
+        &message,
         Some(estimate),
         now
     ));
@@ -522,14 +538,11 @@ fn the_refresh_reports_estimates_once_the_bucket_moves() {
         ),
         now,
     );
-    let held = registry.held(now);
-    let paused = held.iter().find(|h| h.key == key("t9")).expect("t9 waits");
+    registry.held(now);
+    let (_, paused) = registry.held_reason(&key("t9"), now).expect("t9 waits");
     assert!(
-        paused
-            .message
-            .contains("estimated start unknown (the queue is paused"),
-        "{}",
-        paused.message
+        paused.contains("estimated start unknown (the queue is paused"),
+        "{paused}"
     );
 }
 
