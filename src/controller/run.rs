@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
@@ -90,24 +90,11 @@ pub async fn run(
     let (tasks, tasks_writer) = reflector::store();
     let fresh = Arc::new(cache::FreshTemplates::default());
     let recorder = Recorder::new(client.clone(), reporter);
-    let task_events = reflector::reflector(
-        tasks_writer,
-        cache::controller_task_watch(
-            client.clone(),
-            readable::Reporter::new(recorder.clone()),
-            fresh.clone(),
-        ),
-    )
-    .touched_objects();
-    let controller = Controller::for_stream(task_events, tasks)
-        .owns_stream(pod_events)
-        .reconcile_on(woken)
-        .with_config(super::controller_config());
     let ctx = Arc::new(Context {
         client: client.clone(),
-        recorder,
-        tasks: controller.store(),
-        fresh,
+        recorder: recorder.clone(),
+        tasks: tasks.clone(),
+        fresh: fresh.clone(),
         pods: pods.clone(),
         nodes: nodes.clone(),
         queue_store,
@@ -121,6 +108,18 @@ pub async fn run(
         metrics: settings.metrics.clone(),
         progress_write_delay: settings.progress_write_delay,
     });
+    let looking = ctx.clone();
+    let task_events = reflector::reflector(
+        tasks_writer,
+        cache::controller_task_watch(client.clone(), readable::Reporter::new(recorder), fresh),
+    )
+    .touched_objects()
+    // A settled task that a look leaves as it is queues no reconcile (`task::seen_in_passing`).
+    .try_filter(move |task| std::future::ready(!task::seen_in_passing(task, &looking)));
+    let controller = Controller::for_stream(task_events, tasks)
+        .owns_stream(pod_events)
+        .reconcile_on(woken)
+        .with_config(super::controller_config());
 
     let node_task = tokio::spawn(node_watch);
     tokio::spawn(report_caches_synced(ctx.clone(), settings.caches_synced));
@@ -164,6 +163,8 @@ async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sende
 
 /// How often `ax_tasks` is recomputed from the cache.
 const COUNT_EVERY: Duration = Duration::from_secs(2);
+/// Freed memory is given back every this many counts (a minute): off the dispatch path.
+const TRIM_EVERY_ROUNDS: u64 = 30;
 
 /// Keeps the per-phase task gauges in step with the cache: one pass over it every couple of
 /// seconds, far from any dispatch path. A task whose new phase is decided and not written yet
@@ -171,8 +172,11 @@ const COUNT_EVERY: Duration = Duration::from_secs(2);
 /// Running, yet it ran.
 async fn count_tasks(ctx: super::Ctx) {
     let mut tick = tokio::time::interval(COUNT_EVERY);
-    loop {
+    for round in 1u64.. {
         tick.tick().await;
+        if round % TRIM_EVERY_ROUNDS == 0 {
+            crate::ops::memory::trim();
+        }
         let tasks = ctx.tasks.state();
         let mut by_phase: HashMap<(&str, &str, &'static str), usize> = HashMap::new();
         for task in &tasks {
