@@ -81,6 +81,7 @@ fn seconds(value: &str) -> Result<f64, String> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    ax::ops::memory::limit_arenas();
     let args = Args::parse();
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));

@@ -147,6 +147,8 @@ async fn start(ctx: &Ctx) {
     });
     let (holding, pending) = rebuild(&mut ctx.queues.lock(), cached, Timestamp::now());
     info!(holding, pending, "queues rebuilt from the cache");
+    // The first list's transient buffers are free now: give their pages back.
+    crate::ops::memory::trim();
 }
 
 /// Wakes the reconcile of every waiting task whose `Queued` condition does not say what holds it

@@ -1,6 +1,8 @@
-//! Production plumbing around the controllers: metrics, the HTTP endpoints and leader election.
+//! Production plumbing around the controllers: metrics, the HTTP endpoints, leader election
+//! and the allocator's settings.
 //! Independent of the rest of the crate, so each piece is tested on its own.
 
 pub mod http;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
