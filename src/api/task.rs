@@ -423,6 +423,13 @@ pub struct AxTaskStatus {
     pub observed_rerun: i64,
 }
 
+impl AxTaskStatus {
+    /// The condition of type `type_`, if the status has one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
 fn is_zero(n: &i64) -> bool {
     *n == 0
 }

@@ -422,7 +422,7 @@ pub fn waiting(task: &AxTask, now: Timestamp) -> Vec<(&'static str, String)> {
             .find(|c| c.type_ == type_ && c.status == "True")
     };
     if status.phase.is_none_or(|p| p == TaskPhase::Pending) {
-        if let Some(q) = status.conditions.iter().find(|c| c.type_ == "Queued") {
+        if let Some(q) = status.condition("Queued") {
             let message = if q.message.is_empty() {
                 String::new()
             } else {

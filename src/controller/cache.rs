@@ -175,9 +175,7 @@ impl CachedTask {
             CachedTask::Whole(task) => task
                 .status
                 .as_ref()?
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "Queued")
+                .condition("Queued")
                 .map(|c| (c.reason.as_str(), c.message.as_str())),
             CachedTask::Settled(s) => Some(s.facts.queued_condition()),
         }

@@ -253,7 +253,7 @@ fn queued(
         }
         None => {
             // What holds a queued task is the queue's to say: keep its last word.
-            let current = status.conditions.iter().find(|c| c.type_ == QUEUED);
+            let current = status.condition(QUEUED);
             match current {
                 Some(c) if c.status == "True" && HeldReason::parse(&c.reason).is_some() => {
                     ("True", c.reason.clone(), c.message.clone())

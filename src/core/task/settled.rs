@@ -191,7 +191,7 @@ impl Settled {
 
 /// The `Queued` condition of a Pending task that never ran, when it is one a decision writes.
 fn pending_queued(status: &AxTaskStatus) -> Option<QueuedAs> {
-    let queued = condition(status, QUEUED)?;
+    let queued = status.condition(QUEUED)?;
     match (queued.status.as_str(), status.next_attempt_at) {
         ("False", Some(at))
             if queued.reason == "Delayed" && queued.message == format!("waiting until {at}") =>
@@ -243,10 +243,6 @@ fn canonical_conditions(
         && has(status, QUEUED)
 }
 
-fn condition<'a>(status: &'a AxTaskStatus, type_: &str) -> Option<&'a Condition> {
-    status.conditions.iter().find(|c| c.type_ == type_)
-}
-
 fn has(status: &AxTaskStatus, type_: &str) -> bool {
-    condition(status, type_).is_some()
+    status.condition(type_).is_some()
 }

@@ -11,8 +11,8 @@ use serde_json::json;
 
 use super::*;
 use crate::api::{
-    BackoffSpec, CallbackSpec, Condition, ExitCodeMatch, ExitCodeOperator, PodReplacementPolicy,
-    RetryRule, RuleAction, TimeoutSpec,
+    BackoffSpec, CallbackSpec, ExitCodeMatch, ExitCodeOperator, PodReplacementPolicy, RetryRule,
+    RuleAction, TimeoutSpec,
 };
 use crate::core::worker::{ContainerExit, MainContainer, PodPhase, pod_name};
 
@@ -202,12 +202,10 @@ fn row(
     (from, to, reason.as_str().to_string())
 }
 
-fn condition<'a>(status: &'a AxTaskStatus, type_: &str) -> Option<&'a Condition> {
-    status.conditions.iter().find(|c| c.type_ == type_)
-}
-
 fn condition_is(status: &AxTaskStatus, type_: &str) -> (String, String) {
-    let c = condition(status, type_).unwrap_or_else(|| panic!("no {type_} condition"));
+    let c = status
+        .condition(type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"));
     (c.status.clone(), c.reason.clone())
 }
 
@@ -944,7 +942,8 @@ fn a_pod_refused_by_a_quota_waits_in_the_queue_without_using_a_retry() {
         ("False", "PodForbidden")
     );
     assert!(
-        condition(&d.status, "Queued")
+        d.status
+            .condition("Queued")
             .unwrap()
             .message
             .contains("exceeded quota")
@@ -1516,7 +1515,7 @@ fn check(
             new.phase
         );
     }
-    let ready = condition(new, "Ready").expect("Ready");
+    let ready = new.condition("Ready").expect("Ready");
     prop_assert_eq!(ready.status == "True", new.phase == Some(Succeeded));
     Ok(())
 }
