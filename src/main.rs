@@ -79,9 +79,16 @@ fn seconds(value: &str) -> Result<f64, String> {
     }
 }
 
+/// mimalloc rather than glibc's malloc: the cache of a large backlog is millions of small
+/// allocations made on whichever worker thread parsed them. Measured on 100,000 pending tasks
+/// (`ax-bench memory`, after a restart): RSS 233 MiB against 252 MiB with glibc held to two arenas
+/// and trimmed, and 30% less CPU for the rebuild's list, a third of which glibc spent in its arena
+/// locks.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    ax::ops::memory::limit_arenas();
     let args = Args::parse();
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube=warn"));

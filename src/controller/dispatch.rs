@@ -145,10 +145,18 @@ async fn start(ctx: &Ctx) {
             pending: entry,
         }
     });
-    let (holding, pending) = rebuild(&mut ctx.queues.lock(), cached, Timestamp::now());
-    info!(holding, pending, "queues rebuilt from the cache");
-    // The first list's transient buffers are free now: give their pages back.
-    crate::ops::memory::trim();
+    let now = Timestamp::now();
+    let mut queues = ctx.queues.lock();
+    // Most settled tasks are already placed, as their watch events went by (`seen_in_passing`):
+    // the log says what the queues hold, and how much of it this pass placed.
+    let (placed_holding, placed_pending) = rebuild(&mut queues, cached, now);
+    let reports = queues.reports(now);
+    let holding: usize = reports.iter().map(|r| r.running).sum();
+    let pending: usize = reports
+        .iter()
+        .map(|r| r.pending.iter().map(|(_, n)| n).sum::<usize>() + r.forbidden)
+        .sum();
+    info!(holding, pending, placed_holding, placed_pending, "queues rebuilt from the cache");
 }
 
 /// Wakes the reconcile of every waiting task whose `Queued` condition does not say what holds it

@@ -163,8 +163,6 @@ async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sende
 
 /// How often `ax_tasks` is recomputed from the cache.
 const COUNT_EVERY: Duration = Duration::from_secs(2);
-/// Freed memory is given back every this many counts (a minute): off the dispatch path.
-const TRIM_EVERY_ROUNDS: u64 = 30;
 
 /// Keeps the per-phase task gauges in step with the cache: one pass over it every couple of
 /// seconds, far from any dispatch path. A task whose new phase is decided and not written yet
@@ -172,11 +170,8 @@ const TRIM_EVERY_ROUNDS: u64 = 30;
 /// Running, yet it ran.
 async fn count_tasks(ctx: super::Ctx) {
     let mut tick = tokio::time::interval(COUNT_EVERY);
-    for round in 1u64.. {
+    loop {
         tick.tick().await;
-        if round % TRIM_EVERY_ROUNDS == 0 {
-            crate::ops::memory::trim();
-        }
         let tasks = ctx.tasks.state();
         let mut by_phase: HashMap<(&str, &str, &'static str), usize> = HashMap::new();
         for task in &tasks {

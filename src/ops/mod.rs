@@ -4,5 +4,4 @@
 
 pub mod http;
 pub mod leader;
-pub mod memory;
 pub mod metrics;
