@@ -273,7 +273,7 @@ impl FreshTemplates {
         if !matches!(phase, None | Some(TaskPhase::Pending)) {
             return;
         }
-        let key = (t.namespace().unwrap_or_default(), t.name_any());
+        let key = TaskKey::new((t.namespace().unwrap_or_default(), t.name_any()));
         let mut state = self.lock();
         let seq = state.next;
         state.next += 1;
@@ -449,7 +449,7 @@ mod tests {
     #[test]
     fn a_pending_tasks_template_is_handed_out_once_to_the_same_task_and_spec() {
         let fresh = FreshTemplates::default();
-        let key = ("ns".to_string(), "t".to_string());
+        let key = TaskKey::new(("ns".to_string(), "t".to_string()));
         let mut t = task_json(serde_json::json!({}));
         t.metadata.generation = Some(1);
         let whole = t.clone();
@@ -495,10 +495,14 @@ mod tests {
         }
         let mut oldest = named(0);
         task(&mut oldest);
-        assert!(fresh.take(&("ns".into(), "t-0".into()), &oldest).is_none());
+        assert!(
+            fresh
+                .take(&TaskKey::new(("ns".into(), "t-0".into())), &oldest)
+                .is_none()
+        );
         let mut newest = named(FRESH_TEMPLATES + 9);
         task(&mut newest);
-        let key = ("ns".to_string(), format!("t-{}", FRESH_TEMPLATES + 9));
+        let key = TaskKey::new(("ns".to_string(), format!("t-{}", FRESH_TEMPLATES + 9)));
         assert!(fresh.take(&key, &newest).is_some());
     }
 

@@ -135,7 +135,7 @@ async fn start(ctx: &Ctx) {
             ),
         };
         Cached {
-            key: (namespace, task.name_any()),
+            key: TaskKey::new((namespace, task.name_any())),
             queue: task.queue(),
             task_type: task.task_type(),
             phase: task.phase(),
@@ -156,7 +156,10 @@ async fn start(ctx: &Ctx) {
         .iter()
         .map(|r| r.pending.iter().map(|(_, n)| n).sum::<usize>() + r.forbidden)
         .sum();
-    info!(holding, pending, placed_holding, placed_pending, "queues rebuilt from the cache");
+    info!(
+        holding,
+        pending, placed_holding, placed_pending, "queues rebuilt from the cache"
+    );
 }
 
 /// Wakes the reconcile of every waiting task whose `Queued` condition does not say what holds it

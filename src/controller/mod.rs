@@ -473,7 +473,7 @@ mod tests {
     use super::*;
 
     fn key(name: &str) -> TaskKey {
-        ("ns".into(), name.into())
+        TaskKey::new(("ns".into(), name.into()))
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::core::worker::{self, OUTCOME_FINALIZER, WorkerState, pod_name};
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(2);
 
 pub fn key(task: &AxTask) -> TaskKey {
-    (task.namespace().unwrap_or_default(), task.name_any())
+    TaskKey::new((task.namespace().unwrap_or_default(), task.name_any()))
 }
 
 pub fn clock(ctx: &Ctx) -> Clock<'_> {
@@ -49,7 +49,7 @@ pub async fn reconcile(cached: Arc<CachedTask>, ctx: Ctx) -> Result<Requeue> {
     if !super::cache_listed(&ctx.pods) || !super::cache_listed(&ctx.nodes) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
-    let key = (cached.namespace().unwrap_or_default(), cached.name_any());
+    let key = TaskKey::new((cached.namespace().unwrap_or_default(), cached.name_any()));
     if kube::Resource::meta(cached.as_ref())
         .deletion_timestamp
         .is_some()
@@ -137,7 +137,7 @@ pub fn seen_in_passing(cached: &CachedTask, ctx: &Ctx) -> bool {
     if !super::cache_listed(&ctx.pods) || !super::cache_listed(&ctx.nodes) {
         return false;
     }
-    let key = (cached.namespace().unwrap_or_default(), cached.name_any());
+    let key = TaskKey::new((cached.namespace().unwrap_or_default(), cached.name_any()));
     if ctx.tracking.is_stale(&key, version_of(cached)) {
         return true;
     }

@@ -16,7 +16,7 @@ fn t(secs: i64) -> Timestamp {
 }
 
 fn key(name: &str) -> TaskKey {
-    ("ns".to_string(), name.to_string())
+    TaskKey::new(("ns".to_string(), name.to_string()))
 }
 
 fn pending(priority: Priority, task_type: &str, at: i64, attempt: u32) -> PendingTask {
@@ -547,7 +547,7 @@ fn the_refresh_reports_estimates_once_the_bucket_moves() {
 }
 
 fn in_ns(namespace: &str, name: &str) -> TaskKey {
-    (namespace.to_string(), name.to_string())
+    TaskKey::new((namespace.to_string(), name.to_string()))
 }
 
 fn pending_in(namespace: &str, task_type: &str, at: i64) -> PendingTask {
