@@ -188,11 +188,19 @@ pub fn build_task_value(
     {
         pod_spec["containers"] = json!([{"name": "worker"}]);
     }
-    let containers = pod_spec["containers"].as_array_mut().expect("an array");
-    let index = main_name
-        .and_then(|n| containers.iter().position(|c| c["name"] == n.as_str()))
-        .unwrap_or(0);
-    let container = &mut containers[index];
+    let Some(container) = pod_spec["containers"]
+        .as_array_mut()
+        .and_then(|containers| {
+            let index = main_name
+                .and_then(|n| containers.iter().position(|c| c["name"] == n.as_str()))
+                .unwrap_or(0);
+            containers.get_mut(index).filter(|c| c.is_object())
+        })
+    else {
+        return Err(usage(
+            "the template's spec.containers holds something that is not a container object",
+        ));
+    };
     if let Some(image) = &args.image {
         container["image"] = image.as_str().into();
     }
@@ -223,9 +231,10 @@ pub fn build_task_value(
         if !container["env"].is_array() {
             container["env"] = json!([]);
         }
-        let env = container["env"].as_array_mut().expect("an array");
-        env.retain(|var| var["name"] != k);
-        env.push(json!({"name": k, "value": v}));
+        if let Some(env) = container["env"].as_array_mut() {
+            env.retain(|var| var["name"] != k);
+            env.push(json!({"name": k, "value": v}));
+        }
     }
 
     if task["metadata"]["name"].as_str().is_none()
@@ -360,6 +369,23 @@ mod tests {
                 ("B".into(), Some("x=y".into()))
             ]
         );
+    }
+
+    #[test]
+    fn a_manifest_whose_containers_are_not_objects_is_refused_not_a_panic() {
+        for containers in ["[5]", "[\"worker\"]", "[null, {name: b}]"] {
+            let manifest: Value = serde_yaml::from_str(&format!(
+                "kind: AxTask\nspec: {{type: t, template: {{spec: {{containers: {containers}}}}}}}"
+            ))
+            .unwrap();
+            let mut args = flags();
+            args.env = vec!["A=1".into()];
+            let error = build_task(&args, Some(manifest), None, "ns").unwrap_err();
+            assert!(
+                error.to_string().contains("not a container object"),
+                "{containers}: {error}"
+            );
+        }
     }
 
     #[test]
