@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use futures::{Stream, TryStreamExt};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 
 use super::{TaskKey, readable};
 use crate::api::{AxTask, PodTemplate, TaskPhase};
@@ -273,7 +273,7 @@ impl FreshTemplates {
         if !matches!(phase, None | Some(TaskPhase::Pending)) {
             return;
         }
-        let key = TaskKey::new((t.namespace().unwrap_or_default(), t.name_any()));
+        let key = super::task_key(t);
         let mut state = self.lock();
         let seq = state.next;
         state.next += 1;

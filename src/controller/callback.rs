@@ -26,7 +26,6 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::task::key;
 use super::{Ctx, TaskKey, publish_event};
 use crate::api::AxTask;
 use crate::core::egress::{Allowlist, Refusal, admit, admit_all};
@@ -95,7 +94,7 @@ impl Callbacks {
 
     /// Delivers the callback in the background, once at a time per task.
     pub fn send(&self, task: Arc<AxTask>, ctx: Ctx) {
-        let key = key(&task);
+        let key = super::task_key(task.as_ref());
         if !self.in_flight().insert(key.clone()) {
             return;
         }

@@ -43,6 +43,11 @@ use crate::ops::metrics::Metrics;
 
 pub use crate::core::queue::TaskKey;
 
+/// The key of a task, whole or as a cache holds it: its namespace and name.
+pub fn task_key(task: &impl kube::ResourceExt) -> TaskKey {
+    TaskKey::new((task.namespace().unwrap_or_default(), task.name_any()))
+}
+
 /// The field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "ax-operator";
 

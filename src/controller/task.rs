@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::cache::{CachedTask, SettledTask};
 use super::write::{self, ApiError, api_message};
-use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, cache, version_of};
+use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, cache, task_key, version_of};
 use crate::api::{AxTask, AxTaskStatus, HistoryEntry, TaskPhase};
 use crate::core::queue::pending_of;
 use crate::core::task::{
@@ -28,10 +28,6 @@ use crate::core::worker::{self, OUTCOME_FINALIZER, WorkerState, pod_name};
 /// How soon to look again when the worker pod's name is taken by a pod this task does not own (an
 /// older task of the same name whose pods the garbage collector has not removed yet).
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(2);
-
-pub fn key(task: &AxTask) -> TaskKey {
-    TaskKey::new((task.namespace().unwrap_or_default(), task.name_any()))
-}
 
 pub fn clock(ctx: &Ctx) -> Clock<'_> {
     Clock {
@@ -49,7 +45,7 @@ pub async fn reconcile(cached: Arc<CachedTask>, ctx: Ctx) -> Result<Requeue> {
     if !super::cache_listed(&ctx.pods) || !super::cache_listed(&ctx.nodes) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
-    let key = TaskKey::new((cached.namespace().unwrap_or_default(), cached.name_any()));
+    let key = task_key(cached.as_ref());
     if kube::Resource::meta(cached.as_ref())
         .deletion_timestamp
         .is_some()
@@ -137,7 +133,7 @@ pub fn seen_in_passing(cached: &CachedTask, ctx: &Ctx) -> bool {
     if !super::cache_listed(&ctx.pods) || !super::cache_listed(&ctx.nodes) {
         return false;
     }
-    let key = TaskKey::new((cached.namespace().unwrap_or_default(), cached.name_any()));
+    let key = task_key(cached);
     if ctx.tracking.is_stale(&key, version_of(cached)) {
         return true;
     }

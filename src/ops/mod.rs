@@ -1,5 +1,4 @@
-//! Production plumbing around the controllers: metrics, the HTTP endpoints, leader election
-//! and the allocator's settings.
+//! Production plumbing around the controllers: metrics, the HTTP endpoints and leader election.
 //! Independent of the rest of the crate, so each piece is tested on its own.
 
 pub mod http;
