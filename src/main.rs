@@ -69,6 +69,12 @@ struct Args {
     #[arg(long, env = "AX_PROGRESS_WRITE_DELAY_SECONDS", default_value_t = 3.0,
         value_parser = seconds)]
     progress_write_delay_seconds: f64,
+    /// Status writes that record only progress and are due (their delay ran out) are made at most
+    /// this many a second, in the order they fell due; an outcome that comes first carries the
+    /// progress instead. In a burst this keeps the API server on the work; outcomes never wait.
+    #[arg(long, env = "AX_PROGRESS_WRITES_PER_SECOND", default_value_t = 10,
+        value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    progress_writes_per_second: u32,
 }
 
 /// A number of seconds from 0 to one hour.
@@ -128,6 +134,7 @@ async fn main() -> Result<(), BoxError> {
         callback_allow,
         caches_synced,
         progress_write_delay: Duration::from_secs_f64(args.progress_write_delay_seconds),
+        progress_writes_per_second: args.progress_writes_per_second,
     };
     if !args.leader_elect {
         let (_always_leader, roles) = watch::channel(Role::Leader);

@@ -7,6 +7,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::DeleteParams;
 use std::time::Duration;
 
 use ax::api::TaskPhase;
@@ -16,21 +20,23 @@ use common::*;
 /// (verb, group/resource[/subresource], code) → requests.
 type Requests = BTreeMap<(String, String, String), f64>;
 
-/// The operator's writes in `namespace`, from the API server's audit log (e2e/cluster.sh records
-/// every write of the ax-operator ServiceAccount): what the API server received, counted by it.
-fn operator_writes(namespace: &str) -> Requests {
+/// The operator's requests in `namespace`, from the API server's audit log (e2e/cluster.sh records
+/// every write of the ax-operator ServiceAccount), each once, as the API server completed it.
+fn audit_events(namespace: &str) -> Vec<serde_json::Value> {
     let path =
         std::env::var("AX_E2E_AUDIT_LOG").expect("AX_E2E_AUDIT_LOG (eval e2e/cluster.sh env)");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|e| e["stage"] == "ResponseComplete" && e["objectRef"]["namespace"] == namespace)
+        .collect()
+}
+
+/// The operator's writes in `namespace`: what the API server received, counted by it.
+fn operator_writes(namespace: &str) -> Requests {
     let mut out = Requests::new();
-    for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
+    for event in audit_events(namespace) {
         let object = &event["objectRef"];
-        if event["stage"] != "ResponseComplete" || object["namespace"] != namespace {
-            continue;
-        }
         let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
         let mut resource = format!(
             "{}/{}",
@@ -47,6 +53,28 @@ fn operator_writes(namespace: &str) -> Requests {
     out
 }
 
+/// When the API server received each AxTask status write in `namespace` that it accepted, in order.
+fn status_write_times(namespace: &str) -> Vec<jiff::Timestamp> {
+    let mut times: Vec<jiff::Timestamp> = audit_events(namespace)
+        .iter()
+        .filter(|e| {
+            e["objectRef"]["resource"] == "axtasks"
+                && e["objectRef"]["subresource"] == "status"
+                && e["responseStatus"]["code"]
+                    .as_u64()
+                    .is_some_and(|c| c < 300)
+        })
+        .map(|e| {
+            e["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse().ok())
+                .expect("an audit event has its requestReceivedTimestamp")
+        })
+        .collect();
+    times.sort();
+    times
+}
+
 fn sum(requests: &Requests, resource: &str, code: impl Fn(&str) -> bool) -> f64 {
     requests
         .iter()
@@ -55,21 +83,34 @@ fn sum(requests: &Requests, resource: &str, code: impl Fn(&str) -> bool) -> f64 
         .sum()
 }
 
-fn start_operator() -> Child {
+/// An operator process, stopped when dropped (also when the test fails).
+struct Operator(Child);
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The operator under test, as `identity`, logging to `target/e2e/operator-<identity>.log`.
+fn start_operator(identity: &str, args: &[&str]) -> Operator {
     let bin = std::env::var("AX_OPERATOR_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
     let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
     let log_dir = repo_root().join("target/e2e");
     std::fs::create_dir_all(&log_dir).unwrap();
-    let log = std::fs::File::create(log_dir.join("operator-writes.log")).unwrap();
+    let log = std::fs::File::create(log_dir.join(format!("operator-{identity}.log"))).unwrap();
     Command::new(bin)
-        .args(["--identity", "writes"])
+        .args(["--identity", identity])
+        .args(args)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .env("AX_METRICS_ADDR", "127.0.0.1:0")
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
+        .map(Operator)
         .expect("start ax-operator")
 }
 
@@ -79,7 +120,7 @@ async fn a_batch_of_tasks_costs_one_write_per_visible_change_and_no_conflicts() 
     let client = client().await;
     let warm_ns = namespace(&client, "writes-warm-up").await;
     let ns = namespace(&client, "writes").await;
-    let mut operator = start_operator();
+    let operator = start_operator("writes", &[]);
     // The operator is up and has listed when it has run a first task (in a namespace of its own,
     // so the count below is the batch's alone).
     let worker = SimWorker::running_for(100).start_ms(100);
@@ -112,8 +153,7 @@ async fn a_batch_of_tasks_costs_one_write_per_visible_change_and_no_conflicts() 
     }
     // Events are sent in the background.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    operator.kill().unwrap();
-    operator.wait().unwrap();
+    drop(operator);
 
     let writes = operator_writes(&ns);
     let table: String = writes
@@ -140,4 +180,69 @@ async fn a_batch_of_tasks_costs_one_write_per_visible_change_and_no_conflicts() 
     );
     // One Event per task (its outcome), none for the routine steps.
     assert!(events <= 1.2 * n, "{events} Event writes:\n{table}");
+}
+
+/// Progress of attempts that outlast the write delay is written, but paced: a batch whose delay
+/// runs out together gets its progress writes spread out at `--progress-writes-per-second`, and
+/// every task is still shown Running. (A lower bound on the spread: a slow machine only widens it.)
+#[tokio::test]
+async fn due_progress_writes_are_paced_and_every_one_is_still_made() {
+    const TASKS: usize = 20;
+    const PER_SECOND: usize = 2;
+    let client = client().await;
+    let ns = namespace(&client, "writes-paced").await;
+    let rate = PER_SECOND.to_string();
+    let operator = start_operator(
+        "writes-paced",
+        &[
+            "--progress-write-delay-seconds",
+            "1",
+            "--progress-writes-per-second",
+            &rate,
+        ],
+    );
+    // Workers that run until deleted: no outcome ever carries the progress.
+    let worker = SimWorker::running_for(0).hang();
+    for i in 0..TASKS {
+        create(
+            &client,
+            &ns,
+            &sim_task_with(&format!("p-{i}"), "writes-paced", &worker, |_| {}),
+        )
+        .await;
+    }
+    for i in 0..TASKS {
+        let t = wait_task(&client, &ns, &format!("p-{i}"), LONG, |t| {
+            phase(t) == Some(TaskPhase::Running)
+        })
+        .await;
+        assert!(
+            phases(&t).starts_with(&[TaskPhase::Pending, TaskPhase::Scheduled, TaskPhase::Running]),
+            "{:#?}",
+            history(&t)
+        );
+    }
+    drop(operator);
+
+    let times = status_write_times(&ns);
+    // Each task written Running, maybe Scheduled before: one or two progress writes each.
+    assert!(
+        (TASKS..=2 * TASKS).contains(&times.len()),
+        "{} status writes for {TASKS} tasks",
+        times.len()
+    );
+    // At most a second's worth at once, then PER_SECOND a second: the writes span at least
+    // (n - PER_SECOND) / PER_SECOND seconds; one second off for how the API server timed them.
+    let spread = times[times.len() - 1].duration_since(times[0]);
+    let least = (times.len() - PER_SECOND) / PER_SECOND - 1;
+    assert!(
+        spread >= jiff::SignedDuration::from_secs(i64::try_from(least).unwrap()),
+        "{} status writes within {spread:?}: not paced at {PER_SECOND}/s",
+        times.len()
+    );
+    // The workers never end on their own.
+    Api::<Namespace>::all(client)
+        .delete(&ns, &DeleteParams::background())
+        .await
+        .expect("delete the namespace");
 }

@@ -38,7 +38,7 @@ use tokio::sync::Notify;
 
 use crate::api::{AxQueue, AxTaskStatus};
 use crate::core::queue::Registry;
-use crate::core::task::CallbackResult;
+use crate::core::task::{CallbackResult, ProgressLine};
 use crate::ops::metrics::Metrics;
 
 pub use crate::core::queue::TaskKey;
@@ -209,6 +209,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// See `core::task::Inputs::progress_write_delay`.
     pub progress_write_delay: Duration,
+    /// A due progress write joined the line (`task::pace_progress_writes`).
+    pub progress_due: Notify,
 }
 
 pub type Ctx = Arc<Context>;
@@ -239,10 +241,10 @@ impl Queues {
 }
 
 /// What this process knows that the caches may not show yet.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Tracking(Mutex<TrackingState>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct TrackingState {
     /// The resourceVersion of each task's last status write, until the cache has caught up: a
     /// reconcile on an older copy would decide on stale state and lose its write to a conflict.
@@ -256,6 +258,8 @@ struct TrackingState {
     deletions: HashMap<TaskKey, Instant>,
     /// Statuses decided and put off (`core::task::Decision::write_by`), kept until written.
     unwritten: HashMap<TaskKey, Unwritten>,
+    /// Put-off statuses whose write delay ran out, waiting their turn to be written.
+    progress: ProgressLine<TaskKey>,
 }
 
 #[derive(Debug)]
@@ -265,9 +269,31 @@ struct Unwritten {
     /// The status as written when it was decided: if the cache shows another, it no longer holds.
     written: AxTaskStatus,
     decided: AxTaskStatus,
+    turn: Turn,
+}
+
+/// Where a status put off stands in the line of due progress writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    NotInLine,
+    Waiting,
+    /// Let through: the next reconcile writes it.
+    Up,
 }
 
 impl Tracking {
+    /// Nothing tracked yet; due progress writes go at `progress_writes_per_second`.
+    pub fn new(progress_writes_per_second: u32) -> Self {
+        Self(Mutex::new(TrackingState {
+            written: HashMap::new(),
+            expected_pods: HashMap::new(),
+            callbacks: HashMap::new(),
+            deletions: HashMap::new(),
+            unwritten: HashMap::new(),
+            progress: ProgressLine::new(progress_writes_per_second, Timestamp::now()),
+        }))
+    }
+
     fn lock(&self) -> MutexGuard<'_, TrackingState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -337,7 +363,8 @@ impl Tracking {
         false
     }
 
-    /// Keeps a status decided for `key` and put off, decided on `written`.
+    /// Keeps a status decided for `key` and put off, decided on `written` (and its place in the
+    /// line of due progress writes, if it has one).
     pub fn put_off(
         &self,
         key: &TaskKey,
@@ -345,12 +372,62 @@ impl Tracking {
         written: AxTaskStatus,
         decided: AxTaskStatus,
     ) {
+        let mut state = self.lock();
+        let turn = state
+            .unwritten
+            .get(key)
+            .filter(|kept| kept.uid == uid && kept.written == written)
+            .map_or(Turn::NotInLine, |kept| kept.turn);
         let unwritten = Unwritten {
             uid,
             written,
             decided,
+            turn,
         };
-        self.lock().unwritten.insert(key.clone(), unwritten);
+        state.unwritten.insert(key.clone(), unwritten);
+    }
+
+    /// Whether a due progress write of `key` may be made now: its turn has come, or nobody waits
+    /// and the line has a token free (taken).
+    pub fn progress_may_go(&self, key: &TaskKey) -> bool {
+        let mut state = self.lock();
+        state
+            .unwritten
+            .get(key)
+            .is_some_and(|kept| kept.turn == Turn::Up)
+            || state.progress.may_go_now(Timestamp::now())
+    }
+
+    /// Puts the status put off for `key` at the end of the line of due progress writes, unless it
+    /// is in it already.
+    pub fn wait_for_turn(&self, key: &TaskKey) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if let Some(kept) = state.unwritten.get_mut(key)
+            && kept.turn == Turn::NotInLine
+        {
+            kept.turn = Turn::Waiting;
+            state.progress.wait(key.clone());
+        }
+    }
+
+    /// Lets due progress writes through as the rate allows at `now`: the tasks to reconcile (and
+    /// write), and whether others still wait. A write an outcome carried since has left the line.
+    pub fn progress_turns(&self, now: Timestamp) -> (Vec<TaskKey>, bool) {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let unwritten = &mut state.unwritten;
+        let through = state.progress.let_through(now, |key| {
+            unwritten
+                .get(key)
+                .is_some_and(|kept| kept.turn == Turn::Waiting)
+        });
+        for key in &through {
+            if let Some(kept) = unwritten.get_mut(key) {
+                kept.turn = Turn::Up;
+            }
+        }
+        (through, !state.progress.is_empty())
     }
 
     /// The status put off for this task, if it was decided on the status the cache shows as
@@ -483,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_cached_copy_older_than_our_write_is_stale_until_the_cache_catches_up() {
-        let tracking = Tracking::default();
+        let tracking = Tracking::new(10);
         assert!(!tracking.is_stale(&key("a"), Some(5)));
         tracking.wrote(&key("a"), Some(10));
         assert!(tracking.is_stale(&key("a"), Some(9)));
@@ -494,7 +571,7 @@ mod tests {
 
     #[test]
     fn an_expected_pod_counts_until_the_cache_shows_its_attempt() {
-        let tracking = Tracking::default();
+        let tracking = Tracking::new(10);
         let at = Timestamp::from_second(1_900_000_000).expect("in range");
         tracking.expect_pod(&key("a"), "a-2", 2, at);
         assert_eq!(

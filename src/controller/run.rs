@@ -35,6 +35,8 @@ pub struct Settings {
     pub caches_synced: tokio::sync::watch::Sender<bool>,
     /// See `core::task::Inputs::progress_write_delay`.
     pub progress_write_delay: Duration,
+    /// Due progress writes made at most this many a second (`core::task::ProgressLine`).
+    pub progress_writes_per_second: u32,
 }
 
 pub async fn run(
@@ -102,11 +104,12 @@ pub async fn run(
         queues: Queues::default(),
         dispatch_wanted: Notify::new(),
         wake,
-        tracking: Tracking::default(),
+        tracking: Tracking::new(settings.progress_writes_per_second),
         operator: format!("ax-operator/{}", settings.identity),
         callbacks: Callbacks::new(settings.callback_allow.clone())?,
         metrics: settings.metrics.clone(),
         progress_write_delay: settings.progress_write_delay,
+        progress_due: Notify::new(),
     });
     let looking = ctx.clone();
     let task_events = reflector::reflector(
@@ -139,6 +142,7 @@ pub async fn run(
     tokio::select! {
         _ = controller_run => {}
         _ = dispatch::run(ctx.clone()) => {}
+        _ = task::pace_progress_writes(ctx.clone(), settings.progress_writes_per_second) => {}
         _ = queue::watch(ctx.clone(), queue_events) => {}
         _ = namespace::watch(ctx.clone(), namespace_events) => {}
         _ = queue::maintain(ctx.clone(), settings.default_queue_concurrency) => {}

@@ -329,7 +329,16 @@ async fn apply(
     if let Some(by) = decision.write_by
         && (!create || whole.is_some())
     {
-        return put_off(task, key, decision, whole, by, ctx).await;
+        return put_off(task, key, decision, whole, Some(by), ctx).await;
+    }
+    // Progress whose delay ran out waits its turn behind other due progress writes: an outcome
+    // may yet carry it (see `core::task::ProgressLine`).
+    if decision.write_by.is_none()
+        && decision.progress_only
+        && decision.actions.is_empty()
+        && !ctx.tracking.progress_may_go(key)
+    {
+        return put_off(task, key, decision, None, None, ctx).await;
     }
     // A dispatch whose task arrived whole a moment ago creates its pod beside the status write. If
     // the write then does not land, the pod is of an attempt the status does not have yet: the next
@@ -403,14 +412,16 @@ async fn apply(
 
 /// A decision whose status may wait (`Decision::write_by`): the queue learns where the task
 /// stands and the current attempt's pod is created now; the status is decided again, from the pods,
-/// at the next look — when the worker changes, or at `by` — and written then. Nothing is published
-/// until it is written, so transitions are counted once.
+/// at the next look — when the worker changes, or at `by` — and written then. Without `by` it is
+/// due progress waiting its turn: the next look is when the worker changes or the turn comes
+/// (`pace_progress_writes`). Nothing is published until it is written, so transitions are counted
+/// once.
 async fn put_off(
     task: &Arc<AxTask>,
     key: &TaskKey,
     decision: Decision,
     whole: Option<AxTask>,
-    by: Timestamp,
+    by: Option<Timestamp>,
     ctx: &Ctx,
 ) -> Result<Applied> {
     update_queue(key, task, &decision, ctx);
@@ -434,11 +445,34 @@ async fn put_off(
             }
         }
     }
+    let Some(by) = by else {
+        ctx.tracking.wait_for_turn(key);
+        ctx.progress_due.notify_one();
+        return Ok(Applied::Done(Requeue::await_change()));
+    };
     let wait = Duration::try_from(by.duration_since(Timestamp::now())).unwrap_or_default();
     // A little slack so the deadline has certainly passed when we look again.
     Ok(Applied::Done(Requeue::requeue(
         wait + Duration::from_millis(50),
     )))
+}
+
+/// Lets due progress writes through at `per_second`, in the order they fell due: each task let
+/// through is reconciled, and its status written then. One timer for the whole line, ticking only
+/// while someone waits.
+pub async fn pace_progress_writes(ctx: Ctx, per_second: u32) {
+    let tick = Duration::from_secs(1) / per_second.max(1);
+    loop {
+        let (through, more) = ctx.tracking.progress_turns(Timestamp::now());
+        for key in &through {
+            ctx.wake(key);
+        }
+        if more {
+            tokio::time::sleep(tick).await;
+        } else {
+            ctx.progress_due.notified().await;
+        }
+    }
 }
 
 /// The task as a status write left it, or `None` when the write did not land for a reason the

@@ -11,6 +11,7 @@ mod classify;
 mod conditions;
 mod machine;
 mod observe;
+mod pace;
 mod reason;
 mod settled;
 mod validate;
@@ -29,6 +30,7 @@ pub use observe::{
     Event, Refusal, blocks, current_pod, fence, hard_deadline, main_has_probe, next_attempt_pod,
     observe, should_run, soft_deadline, soft_timeout_not_alive,
 };
+pub use pace::ProgressLine;
 pub use reason::Reason;
 pub use settled::{Idle, QueuedAs, Settled};
 pub use validate::{
@@ -177,6 +179,11 @@ pub struct Decision {
     /// pod: `NextPodFound`) and writes it with whatever came since. Only the pod's create may
     /// happen before it is written. `None`: write it now.
     pub write_by: Option<Timestamp>,
+    /// The new status records only progress, as for `write_by`, whether or not its delay has run
+    /// out: once it has, the controller may still pace the write behind other progress writes
+    /// (`--progress-writes-per-second`), since an outcome carries it anyway. False when the
+    /// progress write delay is zero: then every change is written at once.
+    pub progress_only: bool,
 }
 
 impl Decision {
@@ -190,6 +197,7 @@ impl Decision {
             dispatched: false,
             requeue_after: None,
             write_by: None,
+            progress_only: false,
         }
     }
 
@@ -296,6 +304,7 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
         let unwritten = appended_since(written, inputs.status);
         d.transitions.splice(0..0, unwritten);
     }
+    d.progress_only = progress_only(&d, inputs);
     d.write_by = put_off(&d, inputs, now);
     if let Some(at) = d.write_by {
         d.requeue_at(at, now);
@@ -314,17 +323,15 @@ fn appended_since(earlier: &AxTaskStatus, later: &AxTaskStatus) -> Vec<HistoryEn
     later.history[later.history.len() - n..].to_vec()
 }
 
-/// When a decision's status may be written at the latest, if it need not be written now: every
-/// transition since the written status is progress (queued, dispatched, running), the task ends up
-/// Scheduled or Running, nothing but the current pod's create is to be done, and its dispatch was
-/// less than [`Inputs::progress_write_delay`] ago. Whatever else happens — an outcome, a failure, a
-/// cancel, the delay running out — is written at once, with this progress in its history.
-fn put_off(d: &Decision, inputs: &Inputs, now: Timestamp) -> Option<Timestamp> {
+/// Whether a decision's status differs from the written one by progress only: every transition
+/// since the written status is progress (queued, dispatched, running), the task ends up Scheduled or
+/// Running, and nothing but the current pod's create is to be done. Never with a zero
+/// [`Inputs::progress_write_delay`].
+fn progress_only(d: &Decision, inputs: &Inputs) -> bool {
     use TaskPhase::{Pending, Running, Scheduled};
-    let delay = SignedDuration::try_from(inputs.progress_write_delay).ok()?;
     let written = inputs.written.unwrap_or(inputs.status);
-    if delay.is_zero() || d.status == *written {
-        return None;
+    if inputs.progress_write_delay.is_zero() || d.status == *written {
+        return false;
     }
     let progress = |from: Option<TaskPhase>, to: TaskPhase| {
         matches!(
@@ -332,12 +339,21 @@ fn put_off(d: &Decision, inputs: &Inputs, now: Timestamp) -> Option<Timestamp> {
             (None, Pending) | (Some(Pending), Scheduled) | (Some(Scheduled), Running)
         )
     };
-    let only_progress = d.transitions.iter().all(|t| progress(t.from, t.to))
+    d.transitions.iter().all(|t| progress(t.from, t.to))
         && matches!(d.status.phase, Some(Scheduled | Running))
         && matches!(written.phase, None | Some(Pending | Scheduled))
-        && d.actions.iter().all(|a| *a == Action::CreatePod);
+        && d.actions.iter().all(|a| *a == Action::CreatePod)
+}
+
+/// When a decision's status may be written at the latest, if it need not be written now: it
+/// records only progress ([`progress_only`]) and the dispatch was less than
+/// [`Inputs::progress_write_delay`] ago. Whatever else happens — an outcome, a failure, a cancel —
+/// is written at once, with this progress in its history; once the delay has run out the progress
+/// is due (written at once, or paced by the controller).
+fn put_off(d: &Decision, inputs: &Inputs, now: Timestamp) -> Option<Timestamp> {
+    let delay = SignedDuration::try_from(inputs.progress_write_delay).ok()?;
     let by = d.status.scheduled_at?.checked_add(delay).ok()?;
-    (only_progress && now < by).then_some(by)
+    (d.progress_only && now < by).then_some(by)
 }
 
 /// What follows from where the task stands: the pods to create or stop, the queue, conditions,

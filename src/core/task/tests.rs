@@ -1571,6 +1571,9 @@ enum World {
     /// The next decision's status write does not land (a conflict, the operator stops); the pod it
     /// created beside the write does.
     LoseWrite,
+    /// The next decision's status, if it records only progress, waits behind other progress
+    /// writes (the controller's pacing) and is not written in this step.
+    PaceProgress,
 }
 
 fn arb_world() -> impl Strategy<Value = World> {
@@ -1583,6 +1586,7 @@ fn arb_world() -> impl Strategy<Value = World> {
         1 => Just(World::DropKills),
         1 => Just(World::Cancel),
         2 => Just(World::LoseWrite),
+        2 => Just(World::PaceProgress),
     ]
 }
 
@@ -1646,6 +1650,7 @@ proptest! {
         let mut drop_kills = false;
         for step in steps {
             let mut lose_write = false;
+            let mut pace = false;
             match step {
                 World::Wait(s) => now += s,
                 World::Start => {
@@ -1674,6 +1679,7 @@ proptest! {
                 World::DropKills => drop_kills = !drop_kills,
                 World::Cancel => spec.cancel = true,
                 World::LoseWrite => lose_write = true,
+                World::PaceProgress => pace = true,
             }
             let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
             inputs.granted = true;
@@ -1689,7 +1695,12 @@ proptest! {
                 prop_assert!(matches!(d.status.phase, Some(Scheduled | Running)));
                 prop_assert!(d.requeue_after.is_some_and(|r| r <= Duration::try_from(by.duration_since(t(now))).unwrap()));
             }
-            if lose_write || d.write_by.is_some() {
+            if d.progress_only {
+                // Progress only: nothing but the current pod's create is to be done.
+                prop_assert!(d.actions.iter().all(|a| *a == Action::CreatePod), "{:?}", d.actions);
+            }
+            let paced = pace && d.progress_only;
+            if lose_write || paced || d.write_by.is_some() {
                 // Only the pod created beside (or before) the write happens; the status stays as
                 // it was.
                 if d.actions.contains(&Action::CreatePod) {
@@ -1762,10 +1773,12 @@ fn a_dispatch_creates_its_pod_and_puts_its_status_off_until_the_delay() {
     assert!(d.dispatched);
     assert_eq!(d.actions, vec![Action::CreatePod]);
     assert_eq!(d.write_by, Some(t(2)));
+    assert!(d.progress_only);
     assert!(d.requeue_after.is_some_and(|r| r <= DELAY));
-    // Without a delay it is written at once.
+    // Without a delay it is written at once, never paced.
     let d = granted(&s, &new, &[], t(0));
     assert_eq!(d.write_by, None);
+    assert!(!d.progress_only);
 }
 
 #[test]
@@ -1812,9 +1825,11 @@ fn a_worker_still_running_when_the_delay_ends_is_written_running() {
     assert_eq!(d.status.phase, Some(Running));
     assert_eq!(d.write_by, Some(t(2)));
     assert!(d.actions.is_empty());
-    // At the end of the delay: written, with the dispatch and the start at their own times.
+    // At the end of the delay: due (the controller may still pace it behind other progress), with
+    // the dispatch and the start at their own times.
     let d = lazily(&s, &d.status, Some(&new), &[running], t(2), false);
     assert_eq!(d.write_by, None);
+    assert!(d.progress_only);
     assert_eq!(
         d.transitions
             .iter()
@@ -1832,6 +1847,7 @@ fn a_failure_or_a_cancel_within_the_delay_is_written_at_once() {
     let failed = ran(pod(1, Exited(3)), t(0), t(1));
     let d = lazily(&s, &dispatch.status, Some(&new), &[failed], t(1), false);
     assert_eq!(d.write_by, None);
+    assert!(!d.progress_only);
     assert!(d.transitions.iter().any(|e| e.to == Failed));
 
     let mut canceled = s.clone();
@@ -1846,6 +1862,7 @@ fn a_failure_or_a_cancel_within_the_delay_is_written_at_once() {
         false,
     );
     assert_eq!(d.write_by, None);
+    assert!(!d.progress_only);
     assert_eq!(d.status.phase, Some(Canceled));
     assert!(
         d.actions
