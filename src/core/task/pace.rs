@@ -56,11 +56,6 @@ impl<K> ProgressLine<K> {
         through
     }
 
-    /// How many writes wait.
-    pub fn len(&self) -> usize {
-        self.waiting.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.waiting.is_empty()
     }
