@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::apimetrics::{self, WriteKey, Writes};
-use crate::procs::{CpuSnapshot, Watched, cpu_seconds};
+use crate::procs::{CpuSnapshot, HostCpu, HostCpuShare, Watched, cpu_seconds};
 use crate::report::{CpuRow, KindReport, Percentiles, WriteRow};
 use crate::workload::{self, Kind, SimWorker};
 
@@ -159,6 +159,7 @@ async fn measure(
 
     let writes_before = scrape_writes(client).await?;
     let cpu_before = CpuSnapshot::take(&settings.watched);
+    let host_before = HostCpu::take();
     let started = Instant::now();
     let units = plan.units();
     eprintln!("  {}: creating {units} units in {namespace}", kind.as_str());
@@ -191,6 +192,7 @@ async fn measure(
     tokio::time::sleep(settings.tail).await;
     let writes_after = scrape_writes(client).await?;
     let cpu_after = CpuSnapshot::take(&settings.watched);
+    let host_after = HostCpu::take();
     let window = started.elapsed();
     for w in watches {
         w.abort();
@@ -205,6 +207,9 @@ async fn measure(
         started,
         apimetrics::delta(&writes_before, &writes_after),
         cpu_after.since(&cpu_before),
+        host_after
+            .zip(host_before)
+            .and_then(|(after, before)| after.since(&before)),
         idle,
         window,
     ))
@@ -273,6 +278,7 @@ fn assemble(
     started: Instant,
     writes: std::collections::BTreeMap<WriteKey, u64>,
     cpu: Vec<(&'static str, Option<f64>)>,
+    host: Option<HostCpuShare>,
     idle: Option<f64>,
     window: Duration,
 ) -> KindReport {
@@ -359,6 +365,8 @@ fn assemble(
             })
             .collect(),
         apiserver_idle_cores: idle,
+        host_busy_percent: host.map(|h| h.busy_percent),
+        host_steal_percent: host.map(|h| h.steal_percent),
         window_seconds: window.as_secs_f64(),
     }
 }

@@ -10,6 +10,7 @@ mod bench;
 mod memory;
 mod procs;
 mod report;
+mod targets;
 mod workload;
 
 use std::path::PathBuf;
@@ -84,6 +85,16 @@ struct Common {
     /// Counted after the last unit finished, for the writes that follow its end.
     #[arg(long, global = true, default_value_t = 2.0)]
     tail_seconds: f64,
+    /// Burst and rate: run the kinds this many times, interleaved (pods, jobs, ax, pods, jobs,
+    /// ax, …), and judge the targets on the median across rounds: on a small or shared machine
+    /// one run's spread is as large as the gaps measured.
+    #[arg(
+        long,
+        global = true,
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    rounds: u32,
     /// Concurrency of the `ax` kind's own AxQueue.
     #[arg(long, global = true, default_value_t = 1000)]
     ax_concurrency: u32,
@@ -158,6 +169,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
+    if matches!(cli.mode, Mode::Memory { .. }) && cli.common.rounds > 1 {
+        anyhow::bail!("--rounds is for burst and rate; memory runs once");
+    }
     let client = Client::try_default()
         .await
         .context("no cluster: run `make run`, then `eval \"$(e2e/cluster.sh env)\"`")?;
@@ -243,47 +257,99 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         watched,
         keep: c.keep,
     };
-    let describe = match plan {
-        Plan::Burst { units, parallel } => {
-            format!("burst of {units} units ({parallel} creates in flight)")
-        }
+    let (describe, mode) = match plan {
+        Plan::Burst { units, parallel } => (
+            format!("burst of {units} units ({parallel} creates in flight)"),
+            targets::Mode::Burst,
+        ),
         Plan::Rate {
             per_second,
             seconds,
-        } => format!("{per_second} units/s for {seconds} s"),
+        } => (
+            format!("{per_second} units/s for {seconds} s"),
+            targets::Mode::Rate,
+        ),
     };
+    let rounds = c.rounds as usize;
     eprintln!(
-        "{describe}, {} ms of work each, kinds {:?}",
-        c.work_ms, c.kinds
+        "{describe}, {} ms of work each, kinds {:?}{}",
+        c.work_ms,
+        c.kinds,
+        if rounds > 1 {
+            format!(", {rounds} rounds")
+        } else {
+            String::new()
+        }
     );
-    let mut reports = Vec::new();
+    // Each round is printed when it ends, so a long run interrupted still leaves its figures.
+    let show = |text: &str| {
+        if c.json {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+        }
+    };
+    show(&format!(
+        "{}\n{describe}, {} ms of simulated work each\n",
+        context.render(),
+        c.work_ms
+    ));
+    let mut round_reports: Vec<Vec<report::KindReport>> = Vec::new();
+    let mut round_checks = Vec::new();
     let mut failures = Vec::new();
-    for &kind in &c.kinds {
-        match bench::run_kind(&client, kind, plan, &settings).await {
-            Ok(r) => reports.push(r),
-            Err(e) => {
-                eprintln!("{}: {e:#}", kind.as_str());
-                failures.push(json!({"kind": kind.as_str(), "error": format!("{e:#}")}));
+    for round in 1..=rounds {
+        if rounds > 1 {
+            eprintln!("round {round} of {rounds}");
+        }
+        let mut reports = Vec::new();
+        for &kind in &c.kinds {
+            match bench::run_kind(&client, kind, plan, &settings).await {
+                Ok(r) => reports.push(r),
+                Err(e) => {
+                    eprintln!("{}: {e:#}", kind.as_str());
+                    failures.push(json!({
+                        "round": round,
+                        "kind": kind.as_str(),
+                        "error": format!("{e:#}"),
+                    }));
+                }
             }
         }
-    }
-    let mut text = format!(
-        "{}\n{describe}, {} ms of simulated work each\n\n{}",
-        context.render(),
-        c.work_ms,
-        report::side_by_side(&reports)
-    );
-    for r in &reports {
-        text.push_str(&format!(
-            "\nAPI writes during {} ({} units, namespace {}):\n{}",
-            r.kind,
-            r.created,
-            r.namespace,
-            report::writes_breakdown(r)
-        ));
-        if let Some(e) = &r.first_create_error {
-            text.push_str(&format!("first create error: {e}\n"));
+        let mut text = String::new();
+        if rounds > 1 {
+            text.push_str(&format!("\nround {round} of {rounds}\n"));
         }
+        text.push_str(&format!("\n{}", report::side_by_side(&reports)));
+        for r in &reports {
+            text.push_str(&format!(
+                "\nAPI writes during {} ({} units, namespace {}):\n{}",
+                r.kind,
+                r.created,
+                r.namespace,
+                report::writes_breakdown(r)
+            ));
+            if let Some(e) = &r.first_create_error {
+                text.push_str(&format!("first create error: {e}\n"));
+            }
+        }
+        let checks = targets::checks(mode, &c.kinds, &reports);
+        if rounds == 1 && !checks.is_empty() {
+            text.push_str(&format!(
+                "\ntargets (issue 10):\n{}",
+                targets::render_checks(&checks)
+            ));
+        }
+        show(&text);
+        round_reports.push(reports);
+        round_checks.push(checks);
+    }
+    let summary = targets::summarize(&round_checks);
+    if rounds > 1 && !summary.is_empty() {
+        show(&format!(
+            "\ntargets (issue 10) over {rounds} rounds, judged on the median (the max for counts \
+             that must be 0):\n{}",
+            targets::render_summary(&summary)
+        ));
     }
     if c.json {
         println!(
@@ -293,13 +359,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 "mode": describe,
                 "workMs": c.work_ms,
                 "startMs": c.start_ms,
-                "kinds": reports,
+                // The last round's, for consumers of the single-round output.
+                "kinds": round_reports.last(),
+                "rounds": round_reports,
+                "checks": round_checks,
+                "summary": summary,
                 "errors": failures,
             }))?
         );
-        eprint!("{text}");
-    } else {
-        print!("{text}");
     }
     Ok(if failures.is_empty() {
         ExitCode::SUCCESS

@@ -1,6 +1,7 @@
 //! The processes whose cost the benchmark reports, read from /proc: CPU time (utime + stime) and
 //! resident memory. The cluster's components are found by their pid files
-//! (`$AX_E2E_DIR/run/<name>.pid`), the operator by its command line.
+//! (`$AX_E2E_DIR/run/<name>.pid`), the operator by its command line. Also the host's CPU as a
+//! whole (/proc/stat), to tell a slow run from a run the hypervisor took CPU away from.
 
 use std::path::{Path, PathBuf};
 
@@ -213,6 +214,74 @@ impl CpuSnapshot {
     }
 }
 
+/// Host-wide CPU time since boot, summed over all CPUs, in clock ticks, from the aggregate `cpu`
+/// line of /proc/stat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCpu {
+    /// user + nice + system + irq + softirq (guest time is already inside user and nice).
+    pub busy: u64,
+    /// idle + iowait: a CPU waiting on I/O could have run something else.
+    pub idle: u64,
+    /// Time this VM had work for a CPU and the hypervisor ran someone else instead.
+    pub steal: u64,
+}
+
+/// How the host's CPU time in a window was spent, in percent of all of it (all CPUs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HostCpuShare {
+    pub busy_percent: f64,
+    pub steal_percent: f64,
+}
+
+impl HostCpu {
+    /// Now, or `None` when /proc/stat cannot be read.
+    pub fn take() -> Option<HostCpu> {
+        parse_host_cpu(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Busy and steal shares of the host's CPU time between `earlier` and this snapshot; `None`
+    /// when no time passed or a counter went backwards.
+    pub fn since(&self, earlier: &HostCpu) -> Option<HostCpuShare> {
+        let busy = self.busy.checked_sub(earlier.busy)?;
+        let idle = self.idle.checked_sub(earlier.idle)?;
+        let steal = self.steal.checked_sub(earlier.steal)?;
+        let total = busy + idle + steal;
+        if total == 0 {
+            return None;
+        }
+        let percent = |ticks: u64| ticks as f64 * 100.0 / total as f64;
+        Some(HostCpuShare {
+            busy_percent: percent(busy),
+            steal_percent: percent(steal),
+        })
+    }
+}
+
+/// The aggregate `cpu` line of /proc/stat: `cpu user nice system idle iowait irq softirq steal
+/// guest guest_nice`. Fields after idle are missing on old kernels and count as 0.
+fn parse_host_cpu(stat: &str) -> Option<HostCpu> {
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("cpu"))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    if fields.len() < 4 {
+        return None;
+    }
+    let field = |i: usize| fields.get(i).copied().unwrap_or(0);
+    let (user, nice, system, idle) = (field(0), field(1), field(2), field(3));
+    let (iowait, irq, softirq, steal) = (field(4), field(5), field(6), field(7));
+    Some(HostCpu {
+        busy: user + nice + system + irq + softirq,
+        idle: idle + iowait,
+        steal,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,5 +331,53 @@ mod tests {
             "ax-operator"
         ));
         assert!(!command_line_starts_with(b"", "ax-operator"));
+    }
+
+    #[test]
+    fn host_cpu_reads_the_aggregate_line_only() {
+        let stat = "cpu  868361 590 151765 717367 5573 0 12794 54779 0 0\n\
+                    cpu0 431190 238 75870 364990 2718 0 4729 26894 0 0\n\
+                    intr 1 2 3\n";
+        assert_eq!(
+            parse_host_cpu(stat),
+            Some(HostCpu {
+                busy: 868361 + 590 + 151765 + 12794,
+                idle: 717367 + 5573,
+                steal: 54779,
+            })
+        );
+        // An old kernel's line without iowait, irq, softirq, steal.
+        assert_eq!(
+            parse_host_cpu("cpu 10 0 5 85\n"),
+            Some(HostCpu {
+                busy: 15,
+                idle: 85,
+                steal: 0
+            })
+        );
+        assert_eq!(parse_host_cpu("cpu0 1 2 3 4\n"), None);
+        assert_eq!(parse_host_cpu("cpu 1 2 x 4\n"), None);
+        assert_eq!(parse_host_cpu("cpu 1 2 3\n"), None);
+        assert!(HostCpu::take().is_some());
+    }
+
+    #[test]
+    fn host_cpu_shares_are_of_all_time_in_the_window_steal_apart_from_busy() {
+        let before = HostCpu {
+            busy: 1000,
+            idle: 5000,
+            steal: 100,
+        };
+        // 200 ticks on 2 CPUs: 164 busy, 6 idle, 30 stolen.
+        let after = HostCpu {
+            busy: 1164,
+            idle: 5006,
+            steal: 130,
+        };
+        let share = after.since(&before).unwrap();
+        assert!((share.busy_percent - 82.0).abs() < 1e-9);
+        assert!((share.steal_percent - 15.0).abs() < 1e-9);
+        assert_eq!(before.since(&before), None);
+        assert_eq!(before.since(&after), None);
     }
 }

@@ -89,12 +89,18 @@ pub struct KindReport {
     pub cpu: Vec<CpuRow>,
     /// The API server's CPU rate (cores) when the run started.
     pub apiserver_idle_cores: Option<f64>,
+    /// Share of all the host's CPU time (every CPU) in the window spent busy, steal left out.
+    pub host_busy_percent: Option<f64>,
+    /// Share the hypervisor gave to other guests while this one had work (steal): a run with
+    /// steal had less CPU than the others, whatever it measured.
+    pub host_steal_percent: Option<f64>,
     /// Seconds from the first create to the second scrape (the CPU window).
     pub window_seconds: f64,
 }
 
 impl KindReport {
-    fn cpu_ms(&self, process: &str) -> Option<f64> {
+    /// The CPU ms per created unit of the process labelled `process`.
+    pub fn cpu_ms(&self, process: &str) -> Option<f64> {
         self.cpu.iter().find(|c| c.process == process)?.ms_per_unit
     }
 }
@@ -131,7 +137,8 @@ pub fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
-fn number(value: Option<f64>, decimals: usize) -> String {
+/// `value` with `decimals` decimals, or "-" when there is none.
+pub fn number(value: Option<f64>, decimals: usize) -> String {
     match value {
         Some(v) if v.is_finite() => format!("{v:.decimals$}"),
         _ => "-".into(),
@@ -225,6 +232,13 @@ pub fn side_by_side(reports: &[KindReport]) -> String {
         number(r.cpu_ms("ax-operator"), 1)
     });
     row("ax-sim CPU ms/unit", &|r| number(r.cpu_ms("ax-sim"), 1));
+    row("host CPU busy / steal %", &|r| {
+        format!(
+            "{} / {}",
+            number(r.host_busy_percent, 0),
+            number(r.host_steal_percent, 0)
+        )
+    });
     row("API server idle cores before", &|r| {
         number(r.apiserver_idle_cores, 3)
     });
@@ -261,6 +275,51 @@ pub fn writes_breakdown(report: &KindReport) -> String {
     table(&rows)
 }
 
+/// A report to start tests from: `units` created, finished and succeeded in 10 s, nothing else
+/// measured.
+#[cfg(test)]
+impl KindReport {
+    pub fn for_test(kind: &str, units: usize) -> KindReport {
+        KindReport {
+            kind: kind.to_owned(),
+            namespace: format!("ax-bench-{kind}-test"),
+            units,
+            created: units,
+            create_errors: 0,
+            first_create_error: None,
+            finished: units,
+            succeeded: units,
+            failed: 0,
+            lost: 0,
+            units_with_several_pods: 0,
+            busy_seconds: 10.0,
+            throughput_per_second: units as f64 / 10.0,
+            pod_seen_ms: Percentiles::default(),
+            finished_ms: Percentiles::default(),
+            writes: Vec::new(),
+            background_writes: Vec::new(),
+            writes_per_unit: 0.0,
+            conflicts_per_unit: 0.0,
+            other_errors_per_unit: 0.0,
+            cpu: Vec::new(),
+            apiserver_idle_cores: None,
+            host_busy_percent: None,
+            host_steal_percent: None,
+            window_seconds: 12.0,
+        }
+    }
+
+    /// With the API server's CPU at `ms_per_unit`.
+    pub fn with_apiserver_ms(mut self, ms_per_unit: f64) -> KindReport {
+        self.cpu.push(CpuRow {
+            process: "kube-apiserver".into(),
+            seconds: Some(ms_per_unit * self.created as f64 / 1000.0),
+            ms_per_unit: Some(ms_per_unit),
+        });
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,5 +344,23 @@ mod tests {
             vec!["longer".into(), "22".into()],
         ]);
         assert_eq!(t, "a        1\nlonger  22\n");
+    }
+
+    #[test]
+    fn the_host_row_shows_busy_and_steal() {
+        let mut pods = KindReport::for_test("pods", 10);
+        pods.host_busy_percent = Some(96.6);
+        pods.host_steal_percent = Some(3.2);
+        let ax = KindReport::for_test("ax", 10);
+        let table = side_by_side(&[pods, ax]);
+        let line = table
+            .lines()
+            .find(|l| l.starts_with("host CPU busy / steal %"))
+            .unwrap();
+        let cells: Vec<&str> = line.split("  ").filter(|c| !c.trim().is_empty()).collect();
+        assert_eq!(
+            cells.iter().map(|c| c.trim()).collect::<Vec<_>>(),
+            ["host CPU busy / steal %", "97 / 3", "- / -"]
+        );
     }
 }
