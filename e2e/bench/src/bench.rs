@@ -1,7 +1,8 @@
-//! One kind's run: a namespace of its own, the cluster let settle, watches on pods (and on the
-//! kind's objects), a scrape of the API server's request counters and the components' CPU,
-//! the units created (a burst, or at a steady rate), every unit waited for, a second scrape, the
-//! namespace deleted and waited for. Times are the client's: `Instant`s taken in this process.
+//! One kind's run: a namespace of its own (for `worker-pods`, a sample worker pod from the
+//! operator), the cluster let settle, watches on pods (and on the kind's objects), a scrape of the
+//! API server's request counters and the components' CPU, the units created (a burst, or at a
+//! steady rate), every unit waited for, a second scrape, the namespace deleted and waited for.
+//! Times are the client's: `Instant`s taken in this process.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
@@ -21,7 +23,7 @@ use tokio::task::JoinHandle;
 use crate::apimetrics::{self, WriteKey, Writes};
 use crate::procs::{CpuSnapshot, HostCpu, HostCpuShare, Watched, cpu_seconds};
 use crate::report::{CpuRow, KindReport, Percentiles, WriteRow};
-use crate::workload::{self, Kind, SimWorker};
+use crate::workload::{self, Kind, SampleTask, SimWorker, WorkerPodTemplate};
 
 /// How the units are created.
 #[derive(Clone, Copy, Debug)]
@@ -63,7 +65,8 @@ pub struct Settings {
     /// Kept after the last unit finished before the second scrape, so the writes that follow a
     /// unit's end (the last status, Events) are counted.
     pub tail: Duration,
-    /// Concurrency of the AxQueue of the `ax` kind: high enough that the queue is never the limit.
+    /// Concurrency of the AxQueue of the `ax` kind (and of `worker-pods`, for its sample): high
+    /// enough that the queue is never the limit.
     pub ax_concurrency: u32,
     pub watched: Vec<Watched>,
     /// Leave the namespace (and queue) in place afterwards.
@@ -114,7 +117,7 @@ pub async fn run_kind(
     let result = measure(client, kind, plan, settings, &namespace, &queue).await;
     if !settings.keep {
         delete_namespace(client, &namespace).await;
-        if kind == Kind::Ax {
+        if kind.needs_queue() {
             delete_queue(client, &queue).await;
         }
     }
@@ -130,7 +133,7 @@ async fn measure(
     queue: &str,
 ) -> Result<KindReport> {
     create_namespace(client, namespace).await?;
-    if kind == Kind::Ax {
+    if kind.needs_queue() {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &workload::axqueue_resource());
         api.create(
             &PostParams::default(),
@@ -139,6 +142,13 @@ async fn measure(
         .await
         .with_context(|| format!("creating AxQueue {queue} (are the CRDs installed?)"))?;
     }
+    // Before the settle: the sample's writes are over, and its pod gone, when the measure starts.
+    let worker_pod = match kind {
+        Kind::WorkerPods => {
+            Some(worker_pod_template(client, namespace, queue, &settings.worker).await?)
+        }
+        _ => None,
+    };
     let idle = settle(&settings.settle, &settings.watched).await;
 
     let shared = Arc::new(Shared::default());
@@ -153,7 +163,7 @@ async fn measure(
         )
         .await?,
     ];
-    if kind != Kind::Pods {
+    if !kind.is_bare_pod() {
         watches.push(watch(client, namespace, &kind.resource(), kind, false, &shared).await?);
     }
 
@@ -164,7 +174,15 @@ async fn measure(
     let units = plan.units();
     eprintln!("  {}: creating {units} units in {namespace}", kind.as_str());
     create_all(
-        client, kind, plan, settings, namespace, queue, &shared, started,
+        client,
+        kind,
+        plan,
+        settings,
+        namespace,
+        queue,
+        worker_pod.as_ref(),
+        &shared,
+        started,
     )
     .await;
     let created_by = Instant::now();
@@ -223,6 +241,7 @@ async fn create_all(
     settings: &Settings,
     namespace: &str,
     queue: &str,
+    worker_pod: Option<&WorkerPodTemplate>,
     shared: &Arc<Shared>,
     started: Instant,
 ) {
@@ -231,10 +250,16 @@ async fn create_all(
     let create = |i: usize| {
         let api = api.clone();
         let shared = shared.clone();
-        let queue = queue.to_owned();
+        let name = format!("u-{i:05}");
+        // Built here, not in the future, which must own what it uses (a rate spawns it).
+        let object = match worker_pod {
+            Some(template) => template.pod(&name, namespace, &workload::random_uid()),
+            None => kind
+                .object(&name, &worker, queue)
+                .expect("every kind but worker-pods builds its objects from the worker"),
+        };
         async move {
-            let name = format!("u-{i:05}");
-            let object: DynamicObject = serde_json::from_value(kind.object(&name, &worker, &queue))
+            let object: DynamicObject = serde_json::from_value(object)
                 .expect("a benchmark object is a valid DynamicObject");
             shared.with(&name, |u| u.created_at = Some(Instant::now()));
             if let Err(e) = api.create(&PostParams::default(), &object).await {
@@ -420,7 +445,7 @@ async fn watch(
             };
             let Some(unit) = unit else { continue };
             // The pod is the unit's own object only for bare pods.
-            let own_object = !pods || kind == Kind::Pods;
+            let own_object = !pods || kind.is_bare_pod();
             let outcome = own_object.then(|| kind.finished(&value)).flatten();
             let pod_name = pods.then(|| object.metadata.name.clone()).flatten();
             let newly_finished = shared.with(&unit, |u| {
@@ -451,6 +476,102 @@ async fn watch(
             )
         }
     }
+}
+
+/// The AxTask whose worker pod `worker-pods` copies, and the ConfigMap that owns the copies.
+const SAMPLE_TASK: &str = "ax-bench-sample";
+const WORKER_PODS_OWNER: &str = "worker-pods-owner";
+/// How long the operator may take to build the sample's pod, and the cluster to delete it.
+const SAMPLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The template of `worker-pods` in `namespace`: the worker pod the running operator builds for an
+/// AxTask of `worker` in `queue`, its copies owned by a ConfigMap made for the run. The sample
+/// task is deleted, and its pod waited for until gone, so neither is in the measure.
+async fn worker_pod_template(
+    client: &Client,
+    namespace: &str,
+    queue: &str,
+    worker: &SimWorker,
+) -> Result<WorkerPodTemplate> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let owner = config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {
+                    "name": WORKER_PODS_OWNER,
+                    "labels": {workload::BENCH_LABEL: workload::BENCH_LABEL_VALUE},
+                },
+            }))?,
+        )
+        .await
+        .with_context(|| format!("creating ConfigMap {WORKER_PODS_OWNER} in {namespace}"))?;
+    let owner_uid = owner
+        .metadata
+        .uid
+        .context("the created ConfigMap has no uid")?;
+
+    let tasks: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &workload::axtask_resource());
+    let task = workload::axtask(
+        SAMPLE_TASK,
+        workload::AX_TASK_TYPE,
+        workload::AX_PRIORITY,
+        queue,
+        worker,
+    );
+    let task = tasks
+        .create(&PostParams::default(), &serde_json::from_value(task)?)
+        .await
+        .with_context(|| format!("creating the sample AxTask {SAMPLE_TASK} in {namespace}"))?;
+    let task_uid = task.metadata.uid.context("the created AxTask has no uid")?;
+
+    // The operator names a task's first pod `<task>-1`.
+    let pod_name = format!("{SAMPLE_TASK}-1");
+    let pods: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &workload::pod_resource());
+    let deadline = Instant::now() + SAMPLE_TIMEOUT;
+    let pod = loop {
+        if let Some(pod) = pods.get_opt(&pod_name).await? {
+            break pod;
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "no worker pod {pod_name} for the sample AxTask {SAMPLE_TASK} in {namespace} \
+                 after {} s: worker-pods copies the pod the operator builds, so the operator must \
+                 be running (`make run`)",
+                SAMPLE_TIMEOUT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    tasks
+        .delete(SAMPLE_TASK, &DeleteParams::background())
+        .await
+        .with_context(|| format!("deleting the sample AxTask {SAMPLE_TASK} in {namespace}"))?;
+    // Its pod goes with it (garbage collector, then the simulated node).
+    let deadline = Instant::now() + SAMPLE_TIMEOUT;
+    while tasks.get_opt(SAMPLE_TASK).await?.is_some() || pods.get_opt(&pod_name).await?.is_some() {
+        if Instant::now() >= deadline {
+            bail!(
+                "the sample AxTask {SAMPLE_TASK} or its pod {pod_name} in {namespace} still there \
+                 {} s after deleting the task",
+                SAMPLE_TIMEOUT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    Ok(WorkerPodTemplate::from_sample(
+        &serde_json::to_value(&pod)?,
+        SampleTask {
+            name: SAMPLE_TASK.to_owned(),
+            namespace: namespace.to_owned(),
+            uid: task_uid,
+        },
+        workload::config_map_owner(WORKER_PODS_OWNER, &owner_uid),
+    ))
 }
 
 /// The API server's mutating request counters.

@@ -1,6 +1,7 @@
 //! `ax-bench`: bare Pods, one `batch/v1` Job per unit and one AxTask per unit, side by side on the
-//! local cluster's simulated nodes, with the same pod template; and the operator's memory and
-//! rebuild time with a large backlog. Prints figures; fails only on errors, never on timing.
+//! local cluster's simulated nodes, with the same pod template (and, on request, bare Pods shaped
+//! like the operator's worker pods); and the operator's memory and rebuild time with a large
+//! backlog. Prints figures; fails only on errors, never on timing.
 //!
 //! Needs a cluster with simulated nodes and a running operator (`make run`, then
 //! `eval "$(e2e/cluster.sh env)"`); see README "Benchmarks".
@@ -95,7 +96,7 @@ struct Common {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     rounds: u32,
-    /// Concurrency of the `ax` kind's own AxQueue.
+    /// Concurrency of the `ax` kind's own AxQueue (and of `worker-pods`' own, for its sample).
     #[arg(long, global = true, default_value_t = 1000)]
     ax_concurrency: u32,
     /// Leave the namespaces (and queues) in place.

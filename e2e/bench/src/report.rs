@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::workload::Kind;
+
 /// Nearest-rank percentiles of a sample, in milliseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Percentiles {
@@ -159,7 +161,9 @@ pub fn side_by_side(reports: &[KindReport]) -> String {
                 .collect(),
         );
     };
-    let floor = reports.iter().find(|r| r.kind == "pods");
+    let floor = reports.iter().find(|r| r.kind == Kind::Pods.as_str());
+    // The worker contract's floor: bare pods shaped like the operator's worker pods.
+    let worker_floor = reports.iter().find(|r| r.kind == Kind::WorkerPods.as_str());
     row("units created / finished", &|r| {
         format!("{} / {}", r.created, r.finished)
     });
@@ -176,13 +180,18 @@ pub fn side_by_side(reports: &[KindReport]) -> String {
     row("throughput units/s", &|r| {
         number(Some(r.throughput_per_second), 1)
     });
-    if let Some(floor) = floor {
-        row("throughput / bare pods'", &|r| {
-            number(
-                Some(r.throughput_per_second / floor.throughput_per_second),
-                2,
-            )
-        });
+    for (name, floor) in [
+        ("throughput / bare pods'", floor),
+        ("throughput / worker-pods'", worker_floor),
+    ] {
+        if let Some(floor) = floor {
+            row(name, &|r| {
+                number(
+                    Some(r.throughput_per_second / floor.throughput_per_second),
+                    2,
+                )
+            });
+        }
     }
     let latency = |p: &Percentiles| {
         format!(
@@ -211,15 +220,20 @@ pub fn side_by_side(reports: &[KindReport]) -> String {
     row("API server CPU ms/unit", &|r| {
         number(r.cpu_ms("kube-apiserver"), 1)
     });
-    if let Some(floor) = floor {
-        row("API server CPU / bare pod's", &|r| {
-            number(
-                r.cpu_ms("kube-apiserver")
-                    .zip(floor.cpu_ms("kube-apiserver"))
-                    .map(|(a, b)| a / b),
-                2,
-            )
-        });
+    for (name, floor) in [
+        ("API server CPU / bare pod's", floor),
+        ("API server CPU / worker-pods'", worker_floor),
+    ] {
+        if let Some(floor) = floor {
+            row(name, &|r| {
+                number(
+                    r.cpu_ms("kube-apiserver")
+                        .zip(floor.cpu_ms("kube-apiserver"))
+                        .map(|(a, b)| a / b),
+                    2,
+                )
+            });
+        }
     }
     row("etcd CPU ms/unit", &|r| number(r.cpu_ms("etcd"), 1));
     row("controller-manager CPU ms/unit (Job ctrl)", &|r| {
@@ -362,5 +376,53 @@ mod tests {
             cells.iter().map(|c| c.trim()).collect::<Vec<_>>(),
             ["host CPU busy / steal %", "97 / 3", "- / -"]
         );
+    }
+
+    /// The cells of the table's row `name`, first column left out.
+    fn cells(table: &str, name: &str) -> Option<Vec<String>> {
+        let line = table.lines().find(|l| l.starts_with(name))?;
+        let rest = &line[name.len()..];
+        Some(rest.split_whitespace().map(str::to_owned).collect())
+    }
+
+    #[test]
+    fn ratios_to_the_worker_pods_floor_follow_those_to_bare_pods() {
+        let pods = KindReport::for_test("pods", 100).with_apiserver_ms(10.0);
+        let worker_pods = KindReport::for_test("worker-pods", 80).with_apiserver_ms(15.0);
+        let ax = KindReport::for_test("ax", 40).with_apiserver_ms(30.0);
+        let table = side_by_side(&[pods.clone(), worker_pods, ax.clone()]);
+        assert_eq!(
+            cells(&table, "throughput / bare pods'").unwrap(),
+            ["1.00", "0.80", "0.40"]
+        );
+        assert_eq!(
+            cells(&table, "throughput / worker-pods'").unwrap(),
+            ["1.25", "1.00", "0.50"]
+        );
+        assert_eq!(
+            cells(&table, "API server CPU / bare pod's").unwrap(),
+            ["1.00", "1.50", "3.00"]
+        );
+        assert_eq!(
+            cells(&table, "API server CPU / worker-pods'").unwrap(),
+            ["0.67", "1.00", "2.00"]
+        );
+        let rows: Vec<&str> = table
+            .lines()
+            .map(|l| l.split("  ").next().unwrap())
+            .collect();
+        let at = |name: &str| rows.iter().position(|r| *r == name).unwrap();
+        assert_eq!(
+            at("throughput / worker-pods'"),
+            at("throughput / bare pods'") + 1
+        );
+        assert_eq!(
+            at("API server CPU / worker-pods'"),
+            at("API server CPU / bare pod's") + 1
+        );
+
+        let without = side_by_side(&[pods, ax]);
+        assert_eq!(cells(&without, "throughput / worker-pods'"), None);
+        assert_eq!(cells(&without, "API server CPU / worker-pods'"), None);
     }
 }
