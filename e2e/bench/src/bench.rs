@@ -530,38 +530,43 @@ async fn worker_pod_template(
     let pod_name = format!("{SAMPLE_TASK}-1");
     let pods: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), namespace, &workload::pod_resource());
-    let deadline = Instant::now() + SAMPLE_TIMEOUT;
-    let pod = loop {
-        if let Some(pod) = pods.get_opt(&pod_name).await? {
-            break pod;
-        }
-        if Instant::now() >= deadline {
-            bail!(
+    let pod = poll_until(
+        SAMPLE_TIMEOUT,
+        Duration::from_millis(100),
+        || async { Ok(pods.get_opt(&pod_name).await?) },
+        || {
+            format!(
                 "no worker pod {pod_name} for the sample AxTask {SAMPLE_TASK} in {namespace} \
                  after {} s: worker-pods copies the pod the operator builds, so the operator must \
                  be running (`make run`)",
                 SAMPLE_TIMEOUT.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+            )
+        },
+    )
+    .await?;
 
     tasks
         .delete(SAMPLE_TASK, &DeleteParams::background())
         .await
         .with_context(|| format!("deleting the sample AxTask {SAMPLE_TASK} in {namespace}"))?;
     // Its pod goes with it (garbage collector, then the simulated node).
-    let deadline = Instant::now() + SAMPLE_TIMEOUT;
-    while tasks.get_opt(SAMPLE_TASK).await?.is_some() || pods.get_opt(&pod_name).await?.is_some() {
-        if Instant::now() >= deadline {
-            bail!(
+    poll_until(
+        SAMPLE_TIMEOUT,
+        Duration::from_millis(200),
+        || async {
+            let gone = tasks.get_opt(SAMPLE_TASK).await?.is_none()
+                && pods.get_opt(&pod_name).await?.is_none();
+            Ok(gone.then_some(()))
+        },
+        || {
+            format!(
                 "the sample AxTask {SAMPLE_TASK} or its pod {pod_name} in {namespace} still there \
                  {} s after deleting the task",
                 SAMPLE_TIMEOUT.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            )
+        },
+    )
+    .await?;
 
     Ok(WorkerPodTemplate::from_sample(
         &serde_json::to_value(&pod)?,
@@ -623,14 +628,37 @@ pub async fn create_namespace(client: &Client, namespace: &str) -> Result<()> {
             "serviceaccounts",
         ),
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while accounts.get_opt("default").await?.is_none() {
-        if Instant::now() >= deadline {
-            bail!("namespace {namespace} has no default ServiceAccount after 60 s");
+    poll_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { Ok(accounts.get_opt("default").await?.map(|_| ())) },
+        || format!("namespace {namespace} has no default ServiceAccount after 60 s"),
+    )
+    .await
+}
+
+/// Asks `look` every `every` until it finds something, and returns that; fails with `failure`
+/// when it has found nothing for `timeout`, or at once when `look` fails.
+async fn poll_until<T, Look, Looking>(
+    timeout: Duration,
+    every: Duration,
+    mut look: Look,
+    failure: impl FnOnce() -> String,
+) -> Result<T>
+where
+    Look: FnMut() -> Looking,
+    Looking: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(found) = look().await? {
+            return Ok(found);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if Instant::now() >= deadline {
+            bail!(failure());
+        }
+        tokio::time::sleep(every).await;
     }
-    Ok(())
 }
 
 /// Deletes the namespace and waits until it is gone (up to 10 minutes; a warning, not an error,
