@@ -168,6 +168,8 @@ async fn always_failing_task_dies_after_max_retries() {
         ("False", "Dead")
     );
     wait_events(&client, &ns, "always-fails", &["RetriesExhausted"]).await;
+    // Each failed attempt is told: the first as an Event, the repeats on its series.
+    wait_event_occurrences(&client, &ns, "always-fails", "ExitCode", 3).await;
 }
 
 #[tokio::test]
@@ -694,4 +696,54 @@ async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stal
         None,
     );
     assert!(ok, "{err}");
+}
+
+/// The operator's Event publisher against the real events API: an exact repeat counts up the first
+/// Event's series (a merge patch the API server accepts), another note is an Event of its own.
+#[tokio::test]
+async fn a_repeated_event_counts_up_its_series_and_another_note_is_its_own_event() {
+    use ax::controller::events::Events;
+    use k8s_openapi::api::core::v1::{ConfigMap, Event};
+    use kube::runtime::events::EventType;
+
+    let client = client().await;
+    let ns = namespace(&client, "event-series").await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let mut map = ConfigMap::default();
+    map.metadata.name = Some("subject".into());
+    let map = maps.create(&Default::default(), &map).await.unwrap();
+
+    let events = Events::new(client.clone(), "ax-e2e", "e2e");
+    events.publish(&map, EventType::Warning, "Flapping", "the same note");
+    // One at a time: the repeat patches the Event the first one created.
+    wait_events_of(&client, &ns, "ConfigMap", "subject", &["Flapping"]).await;
+    events.publish(&map, EventType::Warning, "Flapping", "the same note");
+    events.publish(&map, EventType::Warning, "Flapping", "another note");
+
+    let api: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = api.list(&Default::default()).await.unwrap().items;
+        let mut seen: Vec<(String, i32)> = list
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Flapping"))
+            .map(|e| {
+                let count = e.series.as_ref().and_then(|s| s.count).unwrap_or(1);
+                (e.message.clone().unwrap_or_default(), count)
+            })
+            .collect();
+        seen.sort();
+        let want = vec![
+            ("another note".to_string(), 1),
+            ("the same note".to_string(), 2),
+        ];
+        if seen == want {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Flapping Events: want {want:?}, have {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }

@@ -26,7 +26,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::{Ctx, TaskKey, publish_event};
+use super::{Ctx, TaskKey};
 use crate::api::AxTask;
 use crate::core::egress::{Allowlist, Refusal, admit, admit_all};
 use crate::core::task::CallbackResult;
@@ -101,13 +101,8 @@ impl Callbacks {
         tokio::spawn(async move {
             let outcome = ctx.callbacks.deliver(&task).await;
             if let Outcome::Refused(message) = &outcome {
-                publish_event(
-                    &ctx.recorder,
-                    task.as_ref(),
-                    EventType::Warning,
-                    REASON_REFUSED,
-                    message,
-                );
+                ctx.events
+                    .publish(task.as_ref(), EventType::Warning, REASON_REFUSED, message);
             }
             let (result, message) = match outcome {
                 Outcome::Delivered(m) => (CallbackResult::Delivered, m),

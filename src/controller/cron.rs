@@ -17,12 +17,13 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::events::Events;
 use super::write::{ApiError, api_message};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
@@ -50,7 +51,7 @@ pub const MAX_NAME: usize = 52;
 
 pub struct CronContext {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: Events,
     /// AxTasks labelled `ax.dev/cron`.
     pub tasks: Store<AxTask>,
     /// AxDags labelled `ax.dev/cron`.
@@ -66,7 +67,7 @@ type CronCtx = Arc<CronContext>;
 type Expected = HashMap<String, HashMap<String, (Timestamp, Instant)>>;
 
 /// Runs the AxCron controller until a shutdown signal.
-pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
+pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let crons: Api<AxCron> = Api::all(client.clone());
     let (tasks, tasks_writer) = reflector::store();
     let task_events = reflector::reflector(
@@ -87,7 +88,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         .shutdown_on_signal();
     let ctx = Arc::new(CronContext {
         client,
-        recorder,
+        events,
         tasks,
         dags,
         metrics,
@@ -828,7 +829,7 @@ fn publish_skip(cron: &AxCron, schedule: &Schedule, policy: &Policy, skip: &Skip
 }
 
 fn publish(cron: &AxCron, type_: EventType, reason: &str, note: &str, ctx: &CronCtx) {
-    super::publish_event(&ctx.recorder, cron, type_, reason, note);
+    ctx.events.publish(cron, type_, reason, note);
 }
 
 pub fn error_policy(cron: Arc<AxCron>, error: &Error, ctx: CronCtx) -> Requeue {

@@ -13,12 +13,13 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{Controller, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::events::Events;
 use super::write::{self, ApiError};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
@@ -47,7 +48,7 @@ const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 pub struct DagContext {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: Events,
     /// Every AxTask labelled `ax.dev/dag`.
     pub children: Store<AxTask>,
     pub metrics: Arc<Metrics>,
@@ -108,7 +109,7 @@ type DagCtx = Arc<DagContext>;
 const CONTROLLER: &str = "axdag";
 
 /// Runs the AxDag controller until a shutdown signal.
-pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
+pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let (children, children_writer) = reflector::store();
     let child_events = reflector::reflector(
         children_writer,
@@ -123,7 +124,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         readable::watch::<AxDag>(
             client.clone(),
             None,
-            Some(readable::Reporter::new(recorder.clone())),
+            Some(readable::Reporter::new(events.clone())),
         ),
     )
     .touched_objects();
@@ -133,7 +134,7 @@ pub async fn run(client: Client, recorder: Recorder, metrics: Arc<Metrics>) {
         .shutdown_on_signal();
     let ctx = Arc::new(DagContext {
         client,
-        recorder,
+        events,
         children,
         metrics,
         expected: Mutex::new(Expectations::default()),
@@ -563,7 +564,7 @@ fn publish_phase(
 }
 
 fn publish(dag: &AxDag, type_: EventType, reason: &str, note: &str, ctx: &DagCtx) {
-    super::publish_event(&ctx.recorder, dag, type_, reason, note);
+    ctx.events.publish(dag, type_, reason, note);
 }
 
 pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: DagCtx) -> Requeue {

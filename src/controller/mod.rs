@@ -15,6 +15,7 @@ pub mod callback;
 pub mod cron;
 pub mod dag;
 pub mod dispatch;
+pub mod events;
 pub mod list_watch;
 pub mod namespace;
 pub mod queue;
@@ -32,7 +33,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 
@@ -58,9 +58,6 @@ pub const FIELD_MANAGER: &str = "ax-operator";
 pub fn controller_config() -> kube::runtime::controller::Config {
     kube::runtime::controller::Config::default().concurrency(32)
 }
-
-/// Events being published at once, for the same reason: they are a record, never urgent.
-static EVENTS_IN_FLIGHT: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(8);
 
 /// How long a pod this process created counts as existing while the cache has not shown it: long
 /// enough for any watch lag, short enough that a pod deleted before the cache saw it is noticed.
@@ -187,7 +184,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What every reconcile and the dispatcher share.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: events::Events,
     pub tasks: Store<cache::CachedTask>,
     /// The templates of tasks just delivered, for a dispatch that builds its pod at once.
     pub fresh: Arc<cache::FreshTemplates>,
@@ -521,33 +518,6 @@ where
     while !cache_listed(store) {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-}
-
-/// Publishes an Event in the background: Events are a record for people, never on the path that
-/// moves an object, so a slow or failing events API delays nothing.
-pub fn publish_event<K>(recorder: &Recorder, object: &K, type_: EventType, reason: &str, note: &str)
-where
-    K: kube::Resource<DynamicType = ()>,
-{
-    let recorder = recorder.clone();
-    let reference = object.object_ref(&());
-    // The events API limits a note to 1 KiB.
-    let note: String = note.chars().take(1000).collect();
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    tokio::spawn(async move {
-        let Ok(_permit) = EVENTS_IN_FLIGHT.acquire().await else {
-            return;
-        };
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            tracing::debug!(error = %e, "publishing event failed");
-        }
-    });
 }
 
 #[cfg(test)]

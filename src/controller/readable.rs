@@ -14,12 +14,13 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt, future};
 use kube::api::ObjectMeta;
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer};
 
+use super::events::Events;
 use super::list_watch;
 use crate::api::{AxDag, AxDagSpec, AxTask, AxTaskSpec};
 
@@ -122,14 +123,14 @@ impl Placeholder for AxDag {
 /// Publishes one Warning Event per unreadable object version.
 #[derive(Clone)]
 pub struct Reporter {
-    recorder: Recorder,
+    events: Events,
     reported: Arc<Mutex<HashSet<(String, String)>>>,
 }
 
 impl Reporter {
-    pub fn new(recorder: Recorder) -> Self {
+    pub fn new(events: Events) -> Self {
         Reporter {
-            recorder,
+            events,
             reported: Arc::default(),
         }
     }
@@ -164,7 +165,8 @@ impl Reporter {
             unreadable.error
         );
         let object = K::placeholder(meta.clone());
-        super::publish_event(&self.recorder, &object, EventType::Warning, REASON, &note);
+        self.events
+            .publish(&object, EventType::Warning, REASON, &note);
     }
 }
 

@@ -9,7 +9,6 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::core::PartialObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, WatchStreamExt, watcher};
@@ -18,6 +17,7 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
+use super::events::Events;
 use super::{Context, Queues, Tracking, cache, dispatch, namespace, queue, readable, task};
 use crate::api::AxQueue;
 use crate::core::worker::LABEL_TASK;
@@ -85,16 +85,12 @@ pub async fn run(
 
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
     let (wake, woken) = futures::channel::mpsc::unbounded();
-    let reporter = Reporter {
-        controller: "ax-operator".into(),
-        instance: Some(settings.identity.clone()),
-    };
     let (tasks, tasks_writer) = reflector::store();
     let fresh = Arc::new(cache::FreshTemplates::default());
-    let recorder = Recorder::new(client.clone(), reporter);
+    let events = Events::new(client.clone(), "ax-operator", &settings.identity);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        recorder: recorder.clone(),
+        events: events.clone(),
         tasks: tasks.clone(),
         fresh: fresh.clone(),
         pods: pods.clone(),
@@ -114,7 +110,7 @@ pub async fn run(
     let looking = ctx.clone();
     let task_events = reflector::reflector(
         tasks_writer,
-        cache::controller_task_watch(client.clone(), readable::Reporter::new(recorder), fresh),
+        cache::controller_task_watch(client.clone(), readable::Reporter::new(events), fresh),
     )
     .touched_objects()
     // A settled task that a look leaves as it is queues no reconcile (`task::seen_in_passing`).
@@ -147,8 +143,8 @@ pub async fn run(
         _ = namespace::watch(ctx.clone(), namespace_events) => {}
         _ = queue::maintain(ctx.clone(), settings.default_queue_concurrency) => {}
         _ = count_tasks(ctx.clone()) => {}
-        _ = super::dag::run(client.clone(), ctx.recorder.clone(), ctx.metrics.clone()) => {}
-        _ = super::cron::run(client.clone(), ctx.recorder.clone(), ctx.metrics.clone()) => {}
+        _ = super::dag::run(client.clone(), ctx.events.clone(), ctx.metrics.clone()) => {}
+        _ = super::cron::run(client.clone(), ctx.events.clone(), ctx.metrics.clone()) => {}
     }
     node_task.abort();
     Ok(())

@@ -776,7 +776,7 @@ fn record_metrics(task: &AxTask, t: &HistoryEntry, ctx: &Ctx) {
 }
 
 fn publish(task: &AxTask, type_: EventType, reason: &str, note: &str, ctx: &Ctx) {
-    super::publish_event(&ctx.recorder, task, type_, reason, note);
+    ctx.events.publish(task, type_, reason, note);
 }
 
 pub fn error_policy(task: Arc<CachedTask>, error: &Error, ctx: Ctx) -> Requeue {

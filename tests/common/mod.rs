@@ -189,6 +189,37 @@ pub async fn wait_events_of(
     }
 }
 
+/// How many times the Events about task `name` with `reason` say it happened (a repeat within the
+/// series window counts up the first Event's series), polled until there are `want`.
+pub async fn wait_event_occurrences(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    want: i32,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = wait_events(client, ns, name, &[reason]).await;
+        let occurrences: i32 = events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| e.series.as_ref().and_then(|s| s.count).unwrap_or(1))
+            .sum();
+        if occurrences >= want {
+            assert_eq!(
+                occurrences, want,
+                "{reason} Events of {ns}/{name}: {events:#?}"
+            );
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("{reason} Events of {ns}/{name}: want {want} occurrences, have {occurrences}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 pub async fn pods_of(client: &Client, ns: &str, task: &str) -> Vec<Pod> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     api.list(&ListParams::default().labels(&format!("ax.dev/task={task}")))
