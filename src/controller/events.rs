@@ -74,8 +74,8 @@ pub struct Series {
 }
 
 impl Series {
-    /// Records an occurrence of `key` (a [`SeriesKey::digest`]) at `now` and says how to publish it; `name` is the name a new
-    /// Event gets.
+    /// Records an occurrence of `key` (a [`SeriesKey::digest`]) at `now` and says how to publish
+    /// it; `name` is the name a new Event gets.
     pub fn observe(&mut self, key: u64, name: String, now: Timestamp) -> Publish {
         self.expire(now);
         self.seen.push_back((now, key));
@@ -179,36 +179,36 @@ impl Events {
             .namespace
             .clone()
             .unwrap_or_else(|| "default".into());
-        let event = match &publish {
-            Publish::Create { name } => {
-                Some(self.event(name, regarding, warning, reason, note, now))
-            }
-            Publish::Repeat { .. } => None,
-        };
         let this = self.clone();
+        let request = match publish {
+            Publish::Create { name } => Request::Create(Box::new(
+                self.event(name, regarding, warning, reason, note, now),
+            )),
+            Publish::Repeat { name, count } => Request::CountUp { name, count },
+        };
         tokio::spawn(async move {
             let Ok(_permit) = EVENTS_IN_FLIGHT.acquire().await else {
                 return;
             };
             let api: Api<K8sEvent> = Api::namespaced(this.client.clone(), &namespace);
-            let result = match (&publish, event) {
-                (Publish::Repeat { name, count }, _) => {
+            match request {
+                Request::Create(event) => {
+                    if let Err(e) = api.create(&PostParams::default(), &event).await {
+                        tracing::debug!(error = %e, "publishing event failed");
+                        this.series()
+                            .forget(digest, event.metadata.name.as_deref().unwrap_or_default());
+                    }
+                }
+                Request::CountUp { name, count } => {
                     let patch = serde_json::json!({
-                        "series": EventSeries { count: *count, last_observed_time: MicroTime(now) }
+                        "series": EventSeries { count, last_observed_time: MicroTime(now) }
                     });
-                    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .map(|_| ())
-                }
-                (Publish::Create { .. }, Some(event)) => {
-                    api.create(&PostParams::default(), &event).await.map(|_| ())
-                }
-                (Publish::Create { .. }, None) => Ok(()),
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "publishing event failed");
-                if let Publish::Create { name } = &publish {
-                    this.series().forget(digest, name);
+                    let patched = api
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                    if let Err(e) = patched {
+                        tracing::debug!(error = %e, "counting up an event's series failed");
+                    }
                 }
             }
         });
@@ -223,7 +223,7 @@ impl Events {
 
     fn event(
         &self,
-        name: &str,
+        name: String,
         regarding: ObjectReference,
         warning: bool,
         reason: &str,
@@ -232,7 +232,7 @@ impl Events {
     ) -> K8sEvent {
         K8sEvent {
             metadata: ObjectMeta {
-                name: Some(name.into()),
+                name: Some(name),
                 namespace: regarding.namespace.clone(),
                 ..Default::default()
             },
@@ -247,6 +247,16 @@ impl Events {
             ..Default::default()
         }
     }
+}
+
+/// What one publish sends.
+enum Request {
+    Create(Box<K8sEvent>),
+    /// Counts up the series of the Event `name`.
+    CountUp {
+        name: String,
+        count: i32,
+    },
 }
 
 /// The one action the operator's Events report.
