@@ -168,7 +168,7 @@ async fn always_failing_task_dies_after_max_retries() {
         ("False", "Dead")
     );
     wait_events(&client, &ns, "always-fails", &["RetriesExhausted"]).await;
-    // Each failed attempt is told: the first as an Event, the repeats on its series.
+    // Each failed attempt is told once (an Event each: their notes name the attempt).
     wait_event_occurrences(&client, &ns, "always-fails", "ExitCode", 3).await;
 }
 
