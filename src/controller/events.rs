@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -110,13 +110,11 @@ impl Series {
     }
 
     fn expire(&mut self, now: Timestamp) {
-        while let Some((at, _)) = self.seen.front() {
-            if *at + SERIES_WINDOW > now {
+        while let Some(&(at, key)) = self.seen.front() {
+            if at + SERIES_WINDOW > now {
                 break;
             }
-            let Some((at, key)) = self.seen.pop_front() else {
-                break;
-            };
+            self.seen.pop_front();
             if self.entries.get(&key).is_some_and(|e| e.last_seen == at) {
                 self.entries.remove(&key);
             }
@@ -174,12 +172,12 @@ impl Events {
             regarding.name.as_deref().unwrap_or(&self.controller),
             now.as_nanosecond()
         );
-        let publish = self.series().observe(digest, fresh_name, now);
-        let namespace = regarding
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let this = self.clone();
+        let publish = lock(&self.series).observe(digest, fresh_name, now);
+        // The request needs only the client and the series, not the whole publisher. Events about
+        // a cluster-scoped object go to `default`, as kube's and client-go's recorders put them.
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
+        let series = self.series.clone();
         let request = match publish {
             Publish::Create { name } => Request::Create(Box::new(
                 self.event(name, regarding, warning, reason, note, now),
@@ -190,12 +188,11 @@ impl Events {
             let Ok(_permit) = EVENTS_IN_FLIGHT.acquire().await else {
                 return;
             };
-            let api: Api<K8sEvent> = Api::namespaced(this.client.clone(), &namespace);
             match request {
                 Request::Create(event) => {
                     if let Err(e) = api.create(&PostParams::default(), &event).await {
                         tracing::debug!(error = %e, "publishing event failed");
-                        this.series()
+                        lock(&series)
                             .forget(digest, event.metadata.name.as_deref().unwrap_or_default());
                     }
                 }
@@ -212,13 +209,6 @@ impl Events {
                 }
             }
         });
-    }
-
-    fn series(&self) -> std::sync::MutexGuard<'_, Series> {
-        // Bookkeeping only: a panic elsewhere cannot leave it worse than a missed series.
-        self.series
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn event(
@@ -247,6 +237,14 @@ impl Events {
             ..Default::default()
         }
     }
+}
+
+/// The series behind its lock. Bookkeeping only: a panic elsewhere cannot leave it worse than a
+/// missed series, so a poisoned lock is taken over.
+fn lock(series: &Mutex<Series>) -> MutexGuard<'_, Series> {
+    series
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What one publish sends.
