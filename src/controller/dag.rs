@@ -223,7 +223,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
                 cancel_children(&dag, children.keys(), &children, &ctx).await?;
             }
             let status = invalid_status(&dag, &before, &error.to_string(), now);
-            let written = write_and_publish(&dag, &before, status, &ctx).await?;
+            let written = write_and_publish(&dag, &before, status, false, &ctx).await?;
             return Ok(written.unwrap_or_else(Requeue::await_change));
         }
     };
@@ -243,28 +243,36 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
         .parallelism
         .map(|limit| u32::try_from(limit).unwrap_or(0));
     let mut evaluation = core::evaluate(&graph, &phases, policy, parallelism, dag.spec.cancel);
-
-    let mut name_taken = false;
-    if !evaluation.create.is_empty() {
-        for task in &evaluation.create {
-            match create_child(&dag, &uid, &graph.child_name(task), task, &ctx).await? {
-                Created::Yes => {
-                    ctx.expected().created(&uid, task, Instant::now());
-                    phases.insert(task.clone(), TaskPhase::Pending);
-                }
-                Created::NameTaken => name_taken = true,
-            }
+    let create = std::mem::take(&mut evaluation.create);
+    if !create.is_empty() {
+        for task in &create {
+            phases.insert(task.clone(), TaskPhase::Pending);
         }
-        // The status reports the children just created.
+        // The status reports the children about to be created.
         evaluation = core::evaluate(&graph, &phases, policy, parallelism, dag.spec.cancel);
     }
     cancel_children(&dag, evaluation.cancel.iter(), &children, &ctx).await?;
 
     let status = graph_status(&graph, &dag, &before, &evaluation, now);
     let original = dag.status.clone().unwrap_or_default();
-    let Some(requeue) = write_and_publish(&dag, &original, status.clone(), &ctx).await? else {
+    // Status before children: the write is preconditioned on the resourceVersion this decision
+    // read, so children are created only from the DAG's latest status. A child that finished, was
+    // recorded and then deleted (its finalizer comes off only after the record) is missing from the
+    // children cache at once, while the cached DAG may not show the record yet; deciding on that
+    // copy would run the child a second time. Written even when unchanged, for the same check.
+    let must_write = !create.is_empty();
+    let Some(requeue) =
+        write_and_publish(&dag, &original, status.clone(), must_write, &ctx).await?
+    else {
         return Ok(Requeue::await_change());
     };
+    let mut name_taken = false;
+    for task in &create {
+        match create_child(&dag, &uid, &graph.child_name(task), task, &ctx).await? {
+            Created::Yes => ctx.expected().created(&uid, task, Instant::now()),
+            Created::NameTaken => name_taken = true,
+        }
+    }
     // Recorded: children being deleted may go now.
     let recorded = children.iter().filter(|(task, child)| {
         let phase = child_phase(child);
@@ -498,15 +506,17 @@ async fn cancel_children<'a>(
     Ok(())
 }
 
-/// Writes the status if it changed, then publishes an Event if the phase changed. `None` when the
-/// write conflicted (a newer DAG is on its way) or the DAG is gone: nothing was recorded.
+/// Writes the status if it changed (or `always`), then publishes an Event if the phase changed.
+/// `None` when the write conflicted (a newer DAG is on its way) or the DAG is gone: nothing was
+/// recorded.
 async fn write_and_publish(
     dag: &AxDag,
     before: &AxDagStatus,
     status: AxDagStatus,
+    always: bool,
     ctx: &DagCtx,
 ) -> Result<Option<Requeue>> {
-    if *before == status {
+    if *before == status && !always {
         return Ok(Some(Requeue::await_change()));
     }
     if let Err(e) = write::dag_status(&ctx.client, dag, &status).await {
