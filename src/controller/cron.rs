@@ -215,6 +215,12 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
         children: &core_children,
     });
 
+    if !decision.create.is_empty() && !is_latest(&cron, &ctx).await? {
+        // A copy behind the cron's own last status write would fire a time again, and a child
+        // of that time deleted meanwhile (its TTL, the history limit) would then run twice.
+        debug!("cron cache behind the API server; deciding again on the newer version");
+        return Ok(Requeue::requeue(Duration::from_secs(1)));
+    }
     cancel_replaced(&cron, &decision, &children, &ctx).await?;
     for firing in &decision.create {
         match create_child(&cron, &uid, firing, &ctx).await? {
@@ -701,6 +707,18 @@ fn condition(
         last_transition_time,
         observed_generation: generation,
     }
+}
+
+/// Whether `cron` is the API server's latest version (a consistent read, not the watch cache): a
+/// firing is a side effect no later write can take back, so it is decided on the latest status.
+async fn is_latest(cron: &AxCron, ctx: &CronCtx) -> Result<bool> {
+    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxCron> = Api::namespaced(ctx.client.clone(), &namespace);
+    let latest = api
+        .get_opt(&cron.name_any())
+        .await
+        .map_err(|e| Error::Read("the cron", e))?;
+    Ok(latest.is_some_and(|latest| latest.resource_version() == cron.resource_version()))
 }
 
 /// Writes the status if it changed: server-side apply under the operator's field manager,
