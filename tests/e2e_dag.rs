@@ -184,16 +184,36 @@ async fn diamond_runs_b_and_c_together_and_d_after_both() {
 async fn fail_fast_skips_the_rest_after_a_dead_task() {
     let client = client().await;
     let ns = namespace(&client, "dag-failfast").await;
+    // c runs until the test lets it go, so b is Dead while c still runs however slowly b's pod
+    // starts (a fixed `sleep` in c raced b's pod start on a loaded machine).
     create_dag(
         &client,
         &ns,
-        &dag_example("dag-branch-fails.yaml", "ff", |_| {}),
+        &dag_example("dag-branch-fails.yaml", "ff", |dag| {
+            let c = &mut dag["spec"]["tasks"][2];
+            assert_eq!(c["name"], "c");
+            c["spec"]["template"]["spec"]["containers"][0]["command"] =
+                serde_json::json!(["sh", "-c", "until [ -e /tmp/go ]; do sleep 0.2; done"]);
+        }),
     )
     .await;
+    let running = wait_for(&client, &ns, "ff", LONG, |d: &AxDag| {
+        let nodes = node_phases(d);
+        nodes.get("b") == Some(&DagNodePhase::Dead)
+            && nodes.get("c") == Some(&DagNodePhase::Running)
+    })
+    .await;
+    // With b Dead and c still at work the DAG has not failed yet, and d and e never start.
+    assert_eq!(dag_phase(&running), Some(DagPhase::Running));
+    let pods = pods_of(&client, &ns, "ff-c").await;
+    let [pod] = pods.as_slice() else {
+        panic!("c should have one worker pod, has {}", pods.len());
+    };
+    kubectl_ok(&["exec", "-n", &ns, &pod.name_any(), "--", "touch", "/tmp/go"]);
     let dag = wait_dag_phase(&client, &ns, "ff", DagPhase::Failed, LONG).await;
     let kids = children(&client, &ns, "ff").await;
 
-    // b died at once; c (slow) was running then and finished; nothing else started.
+    // b died; c was running then and finished; nothing else started.
     assert_eq!(
         kids.keys().map(String::as_str).collect::<Vec<_>>(),
         ["a", "b", "c"]
