@@ -10,6 +10,7 @@ use ax::api::{AxDag, AxTask, FailureKind, TaskPhase};
 use common::audit::audit;
 use common::*;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 fn condition(t: &AxTask, type_: &str) -> Option<(String, String, String)> {
@@ -111,20 +112,27 @@ async fn a_worker_that_exits_zero_after_its_hard_timeout_succeeds_once() {
     let ns = namespace(&client, "late").await;
     let task = shell_task(
         "late",
-        "trap 'sleep 3; echo finished; exit 0' TERM; sleep 300 & wait $!",
+        "trap 'sleep 3; echo finished; exit 0' TERM; echo armed; sleep 300 & wait $!",
         |v| {
-            // Long enough for the shell to have set its trap before the kill, on a busy node too
-            // (a worker killed before that has not done its work, and rightly runs again). It
-            // counts from dispatch: in CI, beside the other tests, a pod took 13 s to start.
-            v["spec"]["timeout"] = serde_json::json!({"hardSeconds": 40});
+            // No timeout until the worker has set its trap: a worker killed before that has not
+            // done its work and rightly runs again, and in CI a pod has taken over 40 s to start.
+            v["spec"]["timeout"] = serde_json::json!({"hardSeconds": 600});
             v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30.into();
         },
     );
     create(&client, &ns, &task).await;
+    wait_log_line(&client, &ns, "late-1", "armed", LONG).await;
+    // The hard timeout is read from the spec at each decision, so shortening it times out now.
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let shorten = Patch::Merge(serde_json::json!({"spec": {"timeout": {"hardSeconds": 1}}}));
+    tasks
+        .patch("late", &PatchParams::default(), &shorten)
+        .await
+        .unwrap();
     let t = wait_task(&client, &ns, "late", Duration::from_secs(150), terminal).await;
     let s = t.status.clone().unwrap();
     assert_eq!(s.phase, Some(TaskPhase::Succeeded), "{:#?}", s.history);
-    assert_eq!(s.attempt, 1, "the work ran once");
+    assert_eq!(s.attempt, 1, "the work ran once: {:#?}", s.history);
     let reasons: Vec<&str> = s.history.iter().map(|h| h.reason.as_str()).collect();
     assert!(reasons.contains(&"HardTimeout"), "{reasons:?}");
     assert_eq!(
@@ -132,6 +140,25 @@ async fn a_worker_that_exits_zero_after_its_hard_timeout_succeeds_once() {
         Some(&"CompletedAfterTimeout"),
         "{reasons:?}"
     );
+}
+
+/// Waits until the log of `pod`'s worker has a line `line`.
+async fn wait_log_line(client: &Client, ns: &str, pod: &str, line: &str, timeout: Duration) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        // Not found or not started yet is an error here; either way, look again.
+        if let Ok(log) = pods.logs(pod, &Default::default()).await
+            && log.lines().any(|l| l == line)
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ns}/{pod} logged no line {line:?} in {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// A pod kept Terminating by a finalizer: the canceled task shows Canceled at once, keeps its
