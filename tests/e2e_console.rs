@@ -266,6 +266,21 @@ async fn click(b: &Browser, css: &str) {
         match b.find(Locator::Css(css)).await {
             Ok(e) => match e.click().await {
                 Ok(()) => return,
+                // Replaced between the find and the click: on a busy page that can happen every
+                // time, so click it from inside the page, where finding and clicking are one step.
+                Err(err) if err.to_string().contains("stale element") => {
+                    let clicked = js(
+                        b,
+                        "var e = document.querySelector(arguments[0]); \
+                         if (!e) { return false; } e.click(); return true;",
+                        vec![json!(css)],
+                    )
+                    .await;
+                    if clicked == Some(json!(true)) {
+                        return;
+                    }
+                    last = Some(err.to_string());
+                }
                 Err(err) => last = Some(err.to_string()),
             },
             Err(err) => last = Some(err.to_string()),
