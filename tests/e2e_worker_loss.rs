@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use ax::api::{AxDag, AxTask, DagPhase, FailureKind, TaskPhase};
 use common::cli::ax_async;
-use common::sim::{SimWorker, sim_task_with};
+use common::sim::{SimWorker, sim_task_spec, sim_task_with};
 use common::sim_pool::SimPool;
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -290,4 +290,77 @@ async fn a_canceled_task_is_final_only_once_its_worker_is_gone() {
     let t = task(&client, &ns, "slowstop-a").await;
     assert!(!condition_true(&t, "WorkerTerminating"), "{:#?}", t.status);
     assert_eq!(t.name_any(), "slowstop-a");
+}
+
+/// A running worker that ignores SIGTERM is evicted (the Eviction API, as `kubectl drain` does):
+/// the attempt ends as an infrastructure failure, not charged to `maxRetries`, and attempt 2's pod
+/// is created only once the evicted pod is gone, its whole 15 s grace period later.
+#[tokio::test]
+async fn an_evicted_worker_is_retried_as_infrastructure_only_once_its_pod_is_gone() {
+    let client = client().await;
+    let ns = namespace(&client, "evicted").await;
+    let audit = common::audit::audit(&client, &ns);
+    let mut spec = sim_task_spec("loss", &SimWorker::default().hang().ignoring_sigterm());
+    spec["template"]["spec"]["terminationGracePeriodSeconds"] = 15.into();
+    spec["retry"] = json!({
+        "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0}});
+    let task_json = json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask",
+        "metadata": {"name": "evictee"}, "spec": spec,
+    });
+    create(&client, &ns, &serde_json::from_value(task_json).unwrap()).await;
+    wait_phase(&client, &ns, "evictee", TaskPhase::Running, LONG).await;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.evict("evictee-1", &EvictParams::default())
+        .await
+        .expect("evict the worker");
+    let evicted = Instant::now();
+    let t = wait_task(&client, &ns, "evictee", LONG, |t| {
+        history(t).iter().any(|h| h.to == TaskPhase::Failed)
+    })
+    .await;
+    let failed = history(&t)
+        .into_iter()
+        .find(|h| h.to == TaskPhase::Failed)
+        .unwrap();
+    assert_eq!(failed.reason, "WorkerDeleted", "{failed:#?}");
+    let s = t.status.clone().unwrap();
+    let record = s.attempts.iter().find(|a| a.attempt == 1);
+    assert_eq!(
+        record.and_then(|a| a.failure_kind),
+        Some(FailureKind::Infrastructure),
+        "{:#?}",
+        s.attempts
+    );
+
+    wait_for(
+        &client,
+        &ns,
+        "evictee-2",
+        Duration::from_secs(120),
+        |_: &Pod| true,
+    )
+    .await;
+    let waited = evicted.elapsed();
+    assert!(
+        waited >= Duration::from_secs(12),
+        "attempt 2 started {waited:?} after the eviction, before the evicted worker's 15 s grace ended"
+    );
+    let t = task(&client, &ns, "evictee").await;
+    let s = t.status.clone().unwrap();
+    assert_eq!(s.retries, 0, "an eviction is not the task's fault: {s:#?}");
+    assert_eq!(s.infrastructure_retries, 1, "{s:#?}");
+    assert_eq!(
+        audit.pod_lifecycle("evictee")[..3],
+        [('+', "1".into()), ('-', "1".into()), ('+', "2".into())]
+    );
+    audit.assert_one_live_worker("evictee");
+    // Stop attempt 2 (it hangs too) so the namespace goes quickly.
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let cancel = Patch::Merge(json!({"spec": {"cancel": true}}));
+    tasks
+        .patch("evictee", &PatchParams::default(), &cancel)
+        .await
+        .unwrap();
 }
