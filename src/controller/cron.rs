@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -26,6 +26,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::events::Events;
+use super::owner_index::OwnerIndex;
 use super::write::{ApiError, api_message};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
@@ -58,6 +59,9 @@ pub struct CronContext {
     pub tasks: Store<AxTask>,
     /// AxDags labelled `ax.dev/cron`.
     pub dags: Store<AxDag>,
+    /// `tasks` and `dags` by the uid of their controller.
+    pub tasks_by_owner: Arc<OwnerIndex>,
+    pub dags_by_owner: Arc<OwnerIndex>,
     pub metrics: Arc<Metrics>,
     expected: Mutex<Expected>,
 }
@@ -72,15 +76,21 @@ type Expected = HashMap<String, HashMap<String, (Timestamp, Instant)>>;
 pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let crons: Api<AxCron> = Api::all(client.clone());
     let (tasks, tasks_writer) = reflector::store();
+    let tasks_by_owner = Arc::new(OwnerIndex::default());
+    let index = tasks_by_owner.clone();
     let task_events = reflector::reflector(
         tasks_writer,
-        cache::task_watch(client.clone(), Some(LABEL_CRON), None, None),
+        cache::task_watch(client.clone(), Some(LABEL_CRON), None, None)
+            .inspect_ok(move |event| index.apply(event)),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();
+    let dags_by_owner = Arc::new(OwnerIndex::default());
+    let index = dags_by_owner.clone();
     let dag_events = reflector::reflector(
         dags_writer,
-        readable::watch::<AxDag>(client.clone(), Some(LABEL_CRON), None),
+        readable::watch::<AxDag>(client.clone(), Some(LABEL_CRON), None)
+            .inspect_ok(move |event| index.apply(event)),
     )
     .touched_objects();
     let controller = Controller::new(crons, watcher::Config::default().any_semantic())
@@ -93,6 +103,8 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
         events,
         tasks,
         dags,
+        tasks_by_owner,
+        dags_by_owner,
         metrics,
         expected: Mutex::new(HashMap::new()),
     });
@@ -314,12 +326,17 @@ impl CronContext {
 }
 
 /// The children of this cron in the caches: AxTasks and AxDags in its namespace whose controller
-/// is this cron (by uid, so the children of an older cron of the same name do not count).
+/// is this cron (by uid, so the children of an older cron of the same name do not count). Looked
+/// up through the owner indexes: a reconcile reads its own children, not every cron's.
 fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
     let namespace = cron.namespace();
     let prefix = format!("{}-", cron.name_any());
     let mut children = Vec::new();
-    for task in ctx.tasks.state() {
+    let tasks = ctx.tasks_by_owner.children_of(uid);
+    for task in tasks
+        .iter()
+        .filter_map(|key| ctx.tasks.get(&key.object_ref()))
+    {
         if task.namespace() != namespace || !is_controlled_by(task.as_ref(), uid) {
             continue;
         }
@@ -342,7 +359,11 @@ fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
             canceling: task.spec.cancel,
         });
     }
-    for dag in ctx.dags.state() {
+    let dags = ctx.dags_by_owner.children_of(uid);
+    for dag in dags
+        .iter()
+        .filter_map(|key| ctx.dags.get(&key.object_ref()))
+    {
         if dag.namespace() != namespace || !is_controlled_by(dag.as_ref(), uid) {
             continue;
         }

@@ -6,7 +6,8 @@
 //! - `dispatch`: asks the queues which tasks go next and wakes their reconciles.
 //! - `queue`: the AxQueue watcher, the queue status loop, the `default` queue, queue Events.
 //! - `namespace`: the Namespace watcher, for the queues' `namespaceSelector`.
-//! - `dag`: the AxDag reconciler. `callback`: delivery of `spec.callback`.
+//! - `dag`: the AxDag reconciler. `cron`: the AxCron reconciler. `owner_index`: their children by
+//!   owner uid. `callback`: delivery of `spec.callback`.
 //! - `write`: every status write and the reading of API status codes.
 //! - `run`: the wiring.
 
@@ -18,6 +19,7 @@ pub mod dispatch;
 pub mod events;
 pub mod list_watch;
 pub mod namespace;
+pub mod owner_index;
 pub mod queue;
 pub mod readable;
 pub mod run;
