@@ -18,15 +18,40 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use kube::ResourceExt;
 use kube::api::Api;
 
+/// An operator process of a test, killed when the test ends, passed or not: one left running
+/// would go on reconciling every namespace beside the next test's.
+struct Operator(Child);
+
+impl std::ops::Deref for Operator {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Operator {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        // Killed and reaped by the test already, or now.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// An operator of our own, without leader election (no lease to wait for after a SIGKILL: the
 /// point here is what the new process does with the state the old one left).
-fn start_operator(tag: &str) -> Child {
+fn start_operator(tag: &str) -> Operator {
     let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
     start_operator_as(tag, &kubeconfig)
 }
 
 /// [`start_operator`] with the credentials of `kubeconfig`.
-fn start_operator_as(tag: &str, kubeconfig: &str) -> Child {
+fn start_operator_as(tag: &str, kubeconfig: &str) -> Operator {
     let bin = std::env::var("AX_OPERATOR_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
     let log_dir = repo_root().join("target/e2e");
@@ -36,7 +61,7 @@ fn start_operator_as(tag: &str, kubeconfig: &str) -> Child {
         .append(true)
         .open(log_dir.join("operator-cron-restart.log"))
         .unwrap();
-    Command::new(bin)
+    let child = Command::new(bin)
         .args(["--identity", tag])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,ax=debug")
@@ -45,7 +70,8 @@ fn start_operator_as(tag: &str, kubeconfig: &str) -> Child {
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
-        .expect("start ax-operator")
+        .expect("start ax-operator");
+    Operator(child)
 }
 
 /// SIGTERM and wait: the operator shuts down the way a Deployment rollout stops it.
@@ -398,16 +424,30 @@ async fn a_failing_status_write_creates_nothing_and_no_time_fires_twice() {
         ),
     )
     .await;
-    // Four scheduled times with the status refused.
-    tokio::time::sleep(Duration::from_secs(17)).await;
+    // Four scheduled times with the status refused, each reconciled again and again: a refusal
+    // (403) waits 30 s, a transient failure (a 500, a timeout) 2 s; the touches stand for those
+    // retries and for the cron's other events.
+    let crons: Api<AxCron> = Api::namespaced(client.clone(), &ns);
+    let refused_until = Instant::now() + Duration::from_secs(17);
+    while Instant::now() < refused_until {
+        touch(&crons, "ttl0").await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
     let while_refused = audit.lock().unwrap().uids.clone();
+    for (name, uids) in &while_refused {
+        assert_eq!(
+            uids.len(),
+            1,
+            "{name} was created {} times while its firing could not be recorded",
+            uids.len()
+        );
+    }
     assert!(
         while_refused.is_empty(),
         "children created while their firing could not be recorded: {while_refused:?}"
     );
 
     restricted.grant(&STATUS);
-    let crons: Api<AxCron> = Api::namespaced(client.clone(), &ns);
     touch(&crons, "ttl0").await;
     // Firings go on: at least four more children, each run and deleted by its TTL.
     let deadline = Instant::now() + LONG;
