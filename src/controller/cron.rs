@@ -36,6 +36,7 @@ use crate::api::{
 use crate::core::cron::{
     self as core, Child, Decision, Finished, Policy, Schedule, Skip, SkipReason,
 };
+use crate::core::task::is_final;
 use crate::ops::metrics::Metrics;
 
 /// The `controller` label of the reconcile metrics.
@@ -344,7 +345,14 @@ fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
             continue;
         };
         let phase = task.status.as_ref().and_then(|s| s.phase);
+        // Terminal while its worker still stops (a canceled or replaced child): active, so
+        // `Forbid` does not start the next child beside that worker.
+        let stopping = task
+            .status
+            .as_ref()
+            .is_some_and(|s| phase.is_some_and(TaskPhase::is_terminal) && !is_final(s));
         let outcome = match phase {
+            _ if stopping => Outcome::Active,
             Some(TaskPhase::Succeeded) => {
                 Outcome::Succeeded(task.status.as_ref().and_then(|s| s.finished_at))
             }
