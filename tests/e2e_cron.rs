@@ -168,6 +168,83 @@ async fn forbid_never_overlaps_and_the_skipped_firing_is_an_event() {
     );
 }
 
+/// Forbid, and the running child is canceled while its worker ignores SIGTERM for its 12 s grace
+/// period: the child is Canceled at once but not final, so no firing starts a second worker of the
+/// job beside it; once the worker is gone the next firing runs.
+#[tokio::test]
+async fn forbid_waits_for_a_canceled_childs_worker_to_stop() {
+    let client = client().await;
+    let ns = namespace(&client, "cron-forbid-stop").await;
+    let mut task = sim_task(0, 0, true);
+    let spec = &mut task["template"]["spec"];
+    spec["terminationGracePeriodSeconds"] = 12.into();
+    spec["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "AX_SIM_IGNORE_SIGTERM", "value": "true"}));
+    create_cron(
+        &client,
+        &ns,
+        &cron(
+            "stopping",
+            serde_json::json!({
+                "schedule": "*/3 * * * * *",
+                "concurrencyPolicy": "Forbid",
+                "task": task,
+            }),
+        ),
+    )
+    .await;
+    let children = wait_children(&client, &ns, "stopping", LONG, |children| {
+        children
+            .values()
+            .any(|c| phase(c) == Some(TaskPhase::Running))
+    })
+    .await;
+    let first = children
+        .values()
+        .find(|c| phase(c) == Some(TaskPhase::Running))
+        .unwrap()
+        .name_any();
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let cancel = Patch::Merge(serde_json::json!({"spec": {"cancel": true}}));
+    tasks
+        .patch(&first, &PatchParams::default(), &cancel)
+        .await
+        .unwrap();
+    wait_phase(&client, &ns, &first, TaskPhase::Canceled, LONG).await;
+
+    // While the canceled child's worker lives, nothing else is created.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = format!("{first}-1");
+    let mut looked = 0;
+    while pods.get_opt(&worker).await.unwrap().is_some_and(|p| {
+        !matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+    }) {
+        let children = task_children(&client, &ns, "stopping").await;
+        assert_eq!(
+            children.keys().collect::<Vec<_>>(),
+            [&first],
+            "a child fired while the canceled one's worker still runs"
+        );
+        looked += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        looked > 10,
+        "the worker stopped at once; the test showed nothing"
+    );
+    // Then the next firing runs.
+    wait_children(&client, &ns, "stopping", LONG, |children| {
+        children.keys().any(|name| *name != first)
+    })
+    .await;
+    delete_cron(&client, &ns, "stopping").await;
+}
+
 #[tokio::test]
 async fn replace_cancels_the_running_child_and_the_new_one_runs() {
     let client = client().await;
