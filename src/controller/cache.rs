@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodSt
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use futures::{Stream, TryStreamExt};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource};
 
 use super::{TaskKey, readable};
@@ -72,7 +72,9 @@ pub fn task_watch(
     reporter: Option<readable::Reporter>,
     fresh: Option<Arc<FreshTemplates>>,
 ) -> impl Stream<Item = Result<watcher::Event<AxTask>, watcher::Error>> + Send {
-    readable::watch(client, labels, reporter).modify(move |t| reduce(t, fresh.as_deref()))
+    readable::watch_reduced(client, labels, reporter, move |t| {
+        reduce(t, fresh.as_deref())
+    })
 }
 
 /// The task controller's watch: every readable AxTask as a [`CachedTask`]; the template and payload
@@ -82,12 +84,10 @@ pub fn controller_task_watch(
     reporter: readable::Reporter,
     fresh: Arc<FreshTemplates>,
 ) -> impl Stream<Item = Result<watcher::Event<CachedTask>, watcher::Error>> + Send {
-    readable::watch::<AxTask>(client, None, Some(reporter)).map_ok(move |event| {
-        map_event(event, |mut t| {
-            reduce(&mut t, Some(&fresh));
-            CachedTask::of(t)
-        })
+    readable::watch_reduced(client, None, Some(reporter), move |t| {
+        reduce(t, Some(&fresh))
     })
+    .map_ok(|event| map_event(event, CachedTask::of))
 }
 
 fn map_event<A, B>(event: watcher::Event<A>, mut f: impl FnMut(A) -> B) -> watcher::Event<B> {
