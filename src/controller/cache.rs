@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodSt
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use futures::{Stream, TryStreamExt};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource};
 
 use super::{TaskKey, readable};
@@ -72,7 +72,9 @@ pub fn task_watch(
     reporter: Option<readable::Reporter>,
     fresh: Option<Arc<FreshTemplates>>,
 ) -> impl Stream<Item = Result<watcher::Event<AxTask>, watcher::Error>> + Send {
-    readable::watch(client, labels, reporter).modify(move |t| reduce(t, fresh.as_deref()))
+    readable::watch_reduced(client, labels, reporter, move |t| {
+        reduce(t, fresh.as_deref())
+    })
 }
 
 /// The task controller's watch: every readable AxTask as a [`CachedTask`]; the template and payload
@@ -82,12 +84,10 @@ pub fn controller_task_watch(
     reporter: readable::Reporter,
     fresh: Arc<FreshTemplates>,
 ) -> impl Stream<Item = Result<watcher::Event<CachedTask>, watcher::Error>> + Send {
-    readable::watch::<AxTask>(client, None, Some(reporter)).map_ok(move |event| {
-        map_event(event, |mut t| {
-            reduce(&mut t, Some(&fresh));
-            CachedTask::of(t)
-        })
+    readable::watch_reduced(client, None, Some(reporter), move |t| {
+        reduce(t, Some(&fresh))
     })
+    .map_ok(|event| map_event(event, CachedTask::of))
 }
 
 fn map_event<A, B>(event: watcher::Event<A>, mut f: impl FnMut(A) -> B) -> watcher::Event<B> {
@@ -226,7 +226,7 @@ impl<'de> serde::Deserialize<'de> for CachedTask {
 fn reduce(t: &mut AxTask, fresh: Option<&FreshTemplates>) {
     let (template, payload) = strip(t);
     if let Some(fresh) = fresh {
-        fresh.keep(t, template, payload);
+        fresh.keep(t, &template, payload.as_ref());
     }
 }
 
@@ -235,9 +235,26 @@ fn reduce(t: &mut AxTask, fresh: Option<&FreshTemplates>) {
 /// that write returns).
 pub const FRESH_TEMPLATES: usize = 1024;
 
+/// The most [`FreshTemplates`] holds in all, counted as the JSON it keeps plus
+/// [`FRESH_ENTRY_OVERHEAD`] an entry. A count alone let any tenant fill it with large payloads
+/// (1,024 × 256 KiB, and more again as parsed JSON) and run the operator out of memory; 32 MiB is a
+/// small part of the operator's usual memory limit and still a whole burst of tasks of 32 KiB.
+pub const FRESH_BYTES: usize = 32 * 1024 * 1024;
+
+/// Largest template and payload (JSON, together) kept: a task above it gets its pod the slower
+/// way, like one that is no longer here. It keeps a few large tasks from pushing a burst of small
+/// ones out, and 512 of them still fit in [`FRESH_BYTES`].
+pub const FRESH_ENTRY_BYTES: usize = 64 * 1024;
+
+/// What an entry costs beside its JSON: its key, uid, the map's and the order's slots.
+const FRESH_ENTRY_OVERHEAD: usize = 256;
+
 /// The template and payload of the Pending tasks the watch delivered last, as they arrived. A
 /// dispatch that finds its task here builds the worker pod at once and creates it beside the
 /// Scheduled status write instead of after it: one round trip from a new task to its pod, not two.
+///
+/// They are kept as JSON text, not as `serde_json::Value` and `PodTemplateSpec`: a parsed array of
+/// small numbers takes about 16 times its JSON, and the typed template several times its own.
 #[derive(Debug, Default)]
 pub struct FreshTemplates(Mutex<FreshState>);
 
@@ -248,6 +265,8 @@ struct FreshState {
     /// task makes its older place here stale).
     order: VecDeque<(u64, TaskKey)>,
     next: u64,
+    /// The sum of the entries' [`FreshTemplate::cost`].
+    bytes: usize,
 }
 
 #[derive(Debug)]
@@ -255,8 +274,32 @@ struct FreshTemplate {
     seq: u64,
     uid: Option<String>,
     generation: Option<i64>,
-    template: PodTemplate,
-    payload: Option<serde_json::Value>,
+    /// `spec.template` as JSON.
+    template: Box<str>,
+    /// `spec.payload` as JSON.
+    payload: Option<Box<str>>,
+}
+
+impl FreshTemplate {
+    fn cost(&self) -> usize {
+        self.template.len() + self.payload.as_ref().map_or(0, |p| p.len()) + FRESH_ENTRY_OVERHEAD
+    }
+}
+
+impl FreshState {
+    fn insert(&mut self, key: TaskKey, kept: FreshTemplate) {
+        self.bytes += kept.cost();
+        self.order.push_back((kept.seq, key.clone()));
+        if let Some(old) = self.by_task.insert(key, kept) {
+            self.bytes -= old.cost();
+        }
+    }
+
+    fn remove(&mut self, key: &TaskKey) -> Option<FreshTemplate> {
+        let kept = self.by_task.remove(key)?;
+        self.bytes -= kept.cost();
+        Some(kept)
+    }
 }
 
 impl FreshTemplates {
@@ -267,13 +310,20 @@ impl FreshTemplates {
     }
 
     /// Keeps the template and payload [`task`] dropped from `t` if it may be dispatched soon (new,
-    /// or Pending). The oldest entry goes when the store is full.
-    fn keep(&self, t: &AxTask, template: PodTemplate, payload: Option<serde_json::Value>) {
+    /// or Pending, and valid: an invalid spec is never dispatched) and they are not above
+    /// [`FRESH_ENTRY_BYTES`]. The oldest entries go when the store is full.
+    fn keep(&self, t: &AxTask, template: &PodTemplate, payload: Option<&serde_json::Value>) {
         let phase = t.status.as_ref().and_then(|s| s.phase);
-        if !matches!(phase, None | Some(TaskPhase::Pending)) {
-            return;
-        }
         let key = super::task_key(t);
+        let json = (matches!(phase, None | Some(TaskPhase::Pending))
+            && annotation(t, SPEC_ERROR).is_none())
+        .then(|| fresh_json(template, payload))
+        .flatten();
+        let Some((template, payload)) = json else {
+            // An older version's entry is of no use any more.
+            self.lock().remove(&key);
+            return;
+        };
         let mut state = self.lock();
         let seq = state.next;
         state.next += 1;
@@ -284,14 +334,13 @@ impl FreshTemplates {
             template,
             payload,
         };
-        state.by_task.insert(key.clone(), kept);
-        state.order.push_back((seq, key));
-        while state.by_task.len() > FRESH_TEMPLATES {
+        state.insert(key, kept);
+        while state.by_task.len() > FRESH_TEMPLATES || state.bytes > FRESH_BYTES {
             let Some((seq, oldest)) = state.order.pop_front() else {
                 break;
             };
             if state.by_task.get(&oldest).is_some_and(|f| f.seq == seq) {
-                state.by_task.remove(&oldest);
+                state.remove(&oldest);
             }
         }
         // Stale places are dropped as they reach the front; bound them too.
@@ -307,20 +356,62 @@ impl FreshTemplates {
         let mut state = self.lock();
         let kept = state.by_task.get(key)?;
         if kept.uid != cached.metadata.uid || kept.generation != cached.metadata.generation {
-            state.by_task.remove(key);
+            state.remove(key);
             return None;
         }
-        let kept = state.by_task.remove(key)?;
+        let kept = state.remove(key)?;
         drop(state);
+        // Written by `fresh_json` from what was read: they read back (else the slower way).
+        let template = serde_json::from_str(&kept.template).ok()?;
+        let payload = match &kept.payload {
+            Some(p) => Some(serde_json::from_str(p).ok()?),
+            None => None,
+        };
         let mut full = cached.clone();
-        full.spec.template = kept.template;
-        full.spec.payload = kept.payload;
+        full.spec.template = template;
+        full.spec.payload = payload;
         Some(full)
     }
 
     /// Forgets a task that is gone.
     pub fn forget(&self, key: &TaskKey) {
-        self.lock().by_task.remove(key);
+        self.lock().remove(key);
+    }
+}
+
+/// The template and payload as JSON, unless together above [`FRESH_ENTRY_BYTES`] (then written
+/// only up to there).
+fn fresh_json(
+    template: &PodTemplate,
+    payload: Option<&serde_json::Value>,
+) -> Option<(Box<str>, Option<Box<str>>)> {
+    let mut out = Bounded(Vec::new(), FRESH_ENTRY_BYTES);
+    serde_json::to_writer(&mut out, &**template).ok()?;
+    let template_len = out.0.len();
+    if let Some(payload) = payload {
+        serde_json::to_writer(&mut out, payload).ok()?;
+    }
+    let mut json = String::from_utf8(out.0).ok()?;
+    let payload = payload
+        .is_some()
+        .then(|| json.split_off(template_len).into_boxed_str());
+    Some((json.into_boxed_str(), payload))
+}
+
+/// A buffer that refuses to grow past its bound.
+struct Bounded(Vec<u8>, usize);
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + bytes.len() > self.1 {
+            return Err(std::io::Error::other("above the bound"));
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -504,6 +595,79 @@ mod tests {
         task(&mut newest);
         let key = TaskKey::new(("ns".to_string(), format!("t-{}", FRESH_TEMPLATES + 9)));
         assert!(fresh.take(&key, &newest).is_some());
+    }
+
+    /// The bytes `fresh` counts, checked against every entry's cost summed anew.
+    fn counted(fresh: &FreshTemplates) -> usize {
+        let state = fresh.lock();
+        let sum = state.by_task.values().map(FreshTemplate::cost).sum();
+        assert_eq!(state.bytes, sum);
+        sum
+    }
+
+    #[test]
+    fn the_fresh_templates_are_bounded_in_bytes() {
+        let fresh = FreshTemplates::default();
+        // Arrays of small numbers: about 16 times their JSON once parsed.
+        let numbers = vec![7; 20_000];
+        let entry = serde_json::to_string(&numbers).unwrap().len();
+        assert!(entry < FRESH_ENTRY_BYTES, "{entry}: kept");
+        assert!(
+            entry > FRESH_BYTES / FRESH_TEMPLATES,
+            "{entry}: bytes bind before the count"
+        );
+        let one = task_json(serde_json::json!({"payload": {"n": numbers}}));
+        for i in 0..2 * FRESH_BYTES / entry {
+            let mut t = one.clone();
+            t.metadata.name = Some(format!("t-{i}"));
+            reduce(&mut t, Some(&fresh));
+        }
+        let bytes = counted(&fresh);
+        assert!(bytes <= FRESH_BYTES, "{bytes}");
+        assert!(
+            bytes + 2 * entry > FRESH_BYTES,
+            "{bytes}: filled up to the budget"
+        );
+        assert!(fresh.lock().by_task.len() < FRESH_TEMPLATES);
+        let last = 2 * FRESH_BYTES / entry - 1;
+        let mut newest = one.clone();
+        newest.metadata.name = Some(format!("t-{last}"));
+        let whole = newest.clone();
+        task(&mut newest);
+        let key = TaskKey::new(("ns".to_string(), format!("t-{last}")));
+        let full = fresh.take(&key, &newest).expect("the newest is kept");
+        assert_eq!(full.spec, whole.spec);
+        counted(&fresh);
+        fresh.forget(&TaskKey::new(("ns".to_string(), format!("t-{}", last - 1))));
+        counted(&fresh);
+    }
+
+    #[test]
+    fn oversized_or_invalid_templates_are_not_kept() {
+        let fresh = FreshTemplates::default();
+        let key = TaskKey::new(("ns".to_string(), "t".to_string()));
+        let big = serde_json::json!({"payload": {"n": vec![1; FRESH_ENTRY_BYTES / 2]}});
+        let mut t = task_json(big);
+        assert_eq!(spec_error(&t), None, "valid, only large");
+        reduce(&mut t, Some(&fresh));
+        assert!(fresh.take(&key, &t).is_none());
+        // A smaller version replaces it; a larger one after it removes it again.
+        let mut small = task_json(serde_json::json!({}));
+        reduce(&mut small, Some(&fresh));
+        let mut t =
+            task_json(serde_json::json!({"payload": {"n": vec![1; FRESH_ENTRY_BYTES / 2]}}));
+        reduce(&mut t, Some(&fresh));
+        assert!(fresh.take(&key, &t).is_none(), "the older version went");
+        assert_eq!(counted(&fresh), 0);
+        // An invalid version removes a valid one's entry too.
+        let mut small = task_json(serde_json::json!({}));
+        reduce(&mut small, Some(&fresh));
+        let mut invalid =
+            task_json(serde_json::json!({"timeout": {"softSeconds": 10, "hardSeconds": 5}}));
+        reduce(&mut invalid, Some(&fresh));
+        assert!(spec_error(&invalid).is_some());
+        assert!(fresh.take(&key, &invalid).is_none());
+        assert_eq!(counted(&fresh), 0);
     }
 
     #[test]

@@ -36,16 +36,21 @@ const WATCH_TIMEOUT_SECONDS: u32 = 290;
 
 /// Watches every `K` matching `labels` (all when `None`); see the module doc. `read` turns one
 /// item's JSON into a `K` (e.g. one that records why it cannot be read instead of failing).
-pub fn watch<K>(
+/// `reduce` is applied to every object as soon as it is read, before it waits for the consumer:
+/// what waits is what the consumer keeps, not [`BUFFERED_EVENTS`] whole objects (a restart lists
+/// faster than the caches take it in).
+pub fn watch<K, R>(
     client: Client,
     labels: Option<String>,
     read: fn(&[u8]) -> serde_json::Result<K>,
+    reduce: R,
 ) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    R: Fn(&mut K) + Send + Sync + 'static,
 {
     let (events, received) = mpsc::channel(BUFFERED_EVENTS);
-    tokio::spawn(run(Api::<K>::all(client), labels, read, events));
+    tokio::spawn(run(Api::<K>::all(client), labels, read, reduce, events));
     futures::stream::unfold(received, |mut received| async move {
         received.recv().await.map(|event| (event, received))
     })
@@ -54,20 +59,22 @@ where
 type Sender<K> = mpsc::Sender<Result<Event<K>, watcher::Error>>;
 
 /// Lists and watches until nobody listens any more.
-async fn run<K>(
+async fn run<K, R>(
     api: Api<K>,
     labels: Option<String>,
     read: fn(&[u8]) -> serde_json::Result<K>,
+    reduce: R,
     events: Sender<K>,
 ) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    R: Fn(&mut K),
 {
     let mut backoff = Backoff::default();
     loop {
         if events.send(Ok(Event::Init)).await.is_err() {
             return;
         }
-        let listed = list(&api, labels.as_deref(), read, &events).await;
+        let listed = list(&api, labels.as_deref(), read, &reduce, &events).await;
         let mut version = match listed {
             Ok(Some(version)) => version,
             // Nobody listens any more.
@@ -87,7 +94,7 @@ async fn run<K>(
         backoff.reset();
         // Watch from the list's version until the API server no longer has it (410 Gone).
         loop {
-            match follow(&api, labels.as_deref(), &mut version, &events).await {
+            match follow(&api, labels.as_deref(), &mut version, &reduce, &events).await {
                 Followed::Closed => return,
                 Followed::Ended => backoff.reset(),
                 Followed::Gone => {
@@ -120,6 +127,7 @@ async fn follow<K>(
     api: &Api<K>,
     labels: Option<&str>,
     version: &mut String,
+    reduce: &impl Fn(&mut K),
     events: &Sender<K>,
 ) -> Followed
 where
@@ -138,12 +146,14 @@ where
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         let event = match event {
-            Ok(WatchEvent::Added(object) | WatchEvent::Modified(object)) => {
+            Ok(WatchEvent::Added(mut object) | WatchEvent::Modified(mut object)) => {
                 set_version(version, &object);
+                reduce(&mut object);
                 Event::Apply(object)
             }
-            Ok(WatchEvent::Deleted(object)) => {
+            Ok(WatchEvent::Deleted(mut object)) => {
                 set_version(version, &object);
+                reduce(&mut object);
                 Event::Delete(object)
             }
             Ok(WatchEvent::Bookmark(bookmark)) => {
@@ -175,6 +185,7 @@ async fn list<K>(
     api: &Api<K>,
     labels: Option<&str>,
     read: fn(&[u8]) -> serde_json::Result<K>,
+    reduce: &impl Fn(&mut K),
     events: &Sender<K>,
 ) -> Result<Option<String>, watcher::Error>
 where
@@ -214,7 +225,9 @@ where
                     version = meta.resource_version.filter(|v| !v.is_empty());
                 }
                 Part::Item(bytes) => {
-                    let object = read(&bytes).map_err(|e| failed(kube::Error::SerdeError(e)))?;
+                    let mut object =
+                        read(&bytes).map_err(|e| failed(kube::Error::SerdeError(e)))?;
+                    reduce(&mut object);
                     if events.send(Ok(Event::InitApply(object))).await.is_err() {
                         return Ok(None);
                     }

@@ -182,7 +182,28 @@ where
     K: Resource<DynamicType = ()> + Placeholder + Clone + DeserializeOwned + Debug + Send + Sync,
     K: 'static,
 {
-    list_watch::watch::<Checked<K>>(client, labels.map(str::to_string), Checked::read).filter_map(
+    watch_reduced(client, labels, reporter, |_: &mut K| {})
+}
+
+/// [`watch`], with `reduce` applied to every readable object as soon as it is read (see
+/// `list_watch::watch`).
+pub fn watch_reduced<K>(
+    client: Client,
+    labels: Option<&str>,
+    reporter: Option<Reporter>,
+    reduce: impl Fn(&mut K) + Send + Sync + 'static,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Resource<DynamicType = ()> + Placeholder + Clone + DeserializeOwned + Debug + Send + Sync,
+    K: 'static,
+{
+    let reduce = move |checked: &mut Checked<K>| {
+        if let Ok(object) = &mut checked.0 {
+            reduce(object);
+        }
+    };
+    let labels = labels.map(str::to_string);
+    list_watch::watch::<Checked<K>, _>(client, labels, Checked::read, reduce).filter_map(
         move |event| {
             future::ready(match event {
                 Ok(event) => readable(event, reporter.as_ref()).map(Ok),

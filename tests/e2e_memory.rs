@@ -1,0 +1,285 @@
+//! Tenants cannot run the operator out of memory with large payloads: 150 tasks with payloads near
+//! the 256 KiB limit, made of small numbers (the JSON that grows most once parsed), waiting forever
+//! in a queue that does not exist. Before the fresh-template cache was bounded in bytes and kept
+//! JSON text, the operator held every one of those payloads parsed and passed 700 MiB, and again
+//! after every restart; and while the watch reduced objects only once the caches took them, a
+//! restart held those waiting whole (240 MiB). Starts its own operator (e2e/run-tests.sh stops the
+//! shared one first).
+
+mod common;
+
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use ax::api::AxTask;
+use common::*;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const TASKS: usize = 150;
+/// Digits and commas: 2 bytes of JSON each, 32 bytes each as a parsed `serde_json::Value`.
+const NUMBERS: usize = 125 * 1024;
+/// The operator's peak resident memory while the tasks are created and held must stay below this.
+/// The debug build holds about 40 MiB beside the tasks, and each reconcile in flight (32 at most)
+/// a whole task, ~4 MiB parsed; 150 payloads kept parsed are 600 MiB and more.
+const RUNNING_BOUND_KIB: u64 = 256 * 1024;
+/// The same after a restart, which only lists the held tasks: one is read at a time, and nothing
+/// else holds a whole one. Objects waiting whole for the caches to take them passed 240 MiB.
+const RESTARTED_BOUND_KIB: u64 = 160 * 1024;
+
+/// An ax-operator process on this machine; killed when dropped (a failing test leaves none).
+struct Operator {
+    child: Child,
+    identity: String,
+    http_port: u16,
+}
+
+impl Operator {
+    fn start(identity: &str) -> Operator {
+        // The binary cargo built for this test run, unless the runner names another.
+        let bin = std::env::var("AX_OPERATOR_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
+        let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
+        let http_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let log_dir = repo_root().join("target/e2e");
+        std::fs::create_dir_all(&log_dir).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_dir.join("operator-memory.log"))
+            .unwrap();
+        let child = Command::new(bin)
+            .args(["--identity", identity])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,ax=debug")
+            .env("AX_METRICS_ADDR", format!("127.0.0.1:{http_port}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start ax-operator");
+        Operator {
+            child,
+            identity: identity.to_string(),
+            http_port,
+        }
+    }
+
+    /// (VmRSS, VmHWM) in KiB: its resident memory now and at its peak.
+    fn memory_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the operator runs");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} in /proc/<pid>/status:\n{status}"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(exit) = self.child.try_wait().expect("wait") {
+            panic!("the operator exited ({exit}); see target/e2e/operator-memory.log");
+        }
+    }
+
+    /// Whether `/readyz` answers 200: every informer cache has listed.
+    async fn ready(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.http_port)).await else {
+            return false;
+        };
+        let request = b"GET /readyz HTTP/1.0\r\nhost: localhost\r\n\r\n";
+        if stream.write_all(request).await.is_err() {
+            return false;
+        }
+        let mut response = String::new();
+        let read = tokio::time::timeout(
+            Duration::from_secs(10),
+            stream.read_to_string(&mut response),
+        );
+        matches!(read.await, Ok(Ok(_))) && response.starts_with("HTTP/1.0 200")
+    }
+
+    /// Whether this operator holds the `ax-operator` Lease.
+    async fn leading(&self, client: &Client) -> bool {
+        let leases: Api<Lease> = Api::all(client.clone());
+        let fields = format!("metadata.name={}", operator::LEASE_NAME);
+        let list = leases.list(&ListParams::default().fields(&fields)).await;
+        list.expect("list leases").items.iter().any(|lease| {
+            lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                == Some(self.identity.as_str())
+        })
+    }
+
+    /// Waits until it leads and `/readyz` answers 200, which a leader does only once every cache
+    /// has listed: it has read every task. (A standby is ready at once and reads nothing; a
+    /// restarted one leads only once the killed one's Lease expired.)
+    async fn wait_leading_and_ready(&mut self, client: &Client) {
+        let deadline = Instant::now() + LONG;
+        while !(self.leading(client).await && self.ready().await) {
+            self.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "{} not leading and ready within {LONG:?}",
+                self.identity
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        // SIGKILL, as the OOM killer would.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until every task in `ns` has been seen by the operator: held, with the `Queued` reason
+/// `QueueNotFound`.
+async fn wait_all_held(client: &Client, ns: &str, operator: &mut Operator) {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + LONG;
+    loop {
+        operator.assert_running();
+        // Metadata and status only would be kinder, but a list of 37 MB is quick on a local cluster.
+        let tasks = api.list(&ListParams::default()).await.expect("list tasks");
+        let held = tasks
+            .items
+            .iter()
+            .filter(|t| {
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.condition("Queued"))
+                    .is_some_and(|c| c.reason == "QueueNotFound")
+            })
+            .count();
+        if held == TASKS {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{held} of {TASKS} tasks held as QueueNotFound within {LONG:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Samples the operator's memory for `period`, failing as soon as its peak passes the bound.
+async fn assert_memory_bounded(
+    operator: &mut Operator,
+    when: &str,
+    bound_kib: u64,
+    period: Duration,
+) -> u64 {
+    let until = Instant::now() + period;
+    loop {
+        operator.assert_running();
+        let (rss, peak) = operator.memory_kib();
+        println!(
+            "{when}: VmRSS {} MiB, VmHWM {} MiB",
+            rss / 1024,
+            peak / 1024
+        );
+        assert!(
+            peak < bound_kib,
+            "{when}: the operator's resident memory peaked at {} MiB (bound {} MiB)",
+            peak / 1024,
+            bound_kib / 1024
+        );
+        if Instant::now() >= until {
+            return peak;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() {
+    let client = client().await;
+    operator::assert_no_leader(&client).await;
+    let ns = namespace(&client, "memory").await;
+    let mut operator = Operator::start("memory-a");
+    operator.wait_leading_and_ready(&client).await;
+
+    let numbers: Vec<u8> = (0..NUMBERS).map(|i| (i % 10) as u8).collect();
+    let task = |i: usize| {
+        example("hello.yaml", &format!("big-{i}"), |v| {
+            v["spec"]["queue"] = "nope".into();
+            v["spec"]["payload"] = serde_json::json!({"numbers": numbers});
+        })
+    };
+    let payload = serde_json::to_string(&task(0).spec.payload).unwrap().len();
+    assert!(
+        (200 * 1024..ax::core::task::MAX_PAYLOAD_BYTES).contains(&payload),
+        "{payload}: near the limit, and valid (else the task is Dead, not waiting)"
+    );
+    futures::stream::iter(0..TASKS)
+        .map(|i| {
+            let (client, ns, task) = (client.clone(), ns.clone(), task(i));
+            async move { create(&client, &ns, &task).await }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    wait_all_held(&client, &ns, &mut operator).await;
+    let first = assert_memory_bounded(
+        &mut operator,
+        "running",
+        RUNNING_BOUND_KIB,
+        Duration::from_secs(5),
+    )
+    .await;
+
+    // A restart lists every task at once, faster than the caches take them in; nothing is written.
+    drop(operator);
+    let mut operator = Operator::start("memory-b");
+    operator.wait_leading_and_ready(&client).await;
+    let restarted = assert_memory_bounded(
+        &mut operator,
+        "restarted",
+        RESTARTED_BOUND_KIB,
+        Duration::from_secs(10),
+    )
+    .await;
+    println!(
+        "peak resident memory: {} MiB, after the restart {} MiB",
+        first / 1024,
+        restarted / 1024
+    );
+
+    // Leave no 37 MB of tasks for the next operator to list.
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete the tasks");
+    let deadline = Instant::now() + LONG;
+    while !api
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("list tasks")
+        .items
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "tasks not gone within {LONG:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    drop(operator);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .delete(&ns, &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+}
