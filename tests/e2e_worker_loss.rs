@@ -406,3 +406,81 @@ async fn an_evicted_worker_is_retried_as_infrastructure_only_once_its_pod_is_gon
         .await
         .unwrap();
 }
+
+/// A dispatch's pod was evicted or force-deleted before the dispatch's status write landed (the
+/// operator died in between): the next look finds the task Pending and that attempt's pod being
+/// deleted. It takes the attempt up with it — recorded, failed as infrastructure — instead of
+/// waiting for the name to be free and creating a second pod named for the same attempt (what the
+/// chaos soak found: the first run left no record). The pod is made by hand under a paused queue,
+/// hidden from the operator (no `ax.dev/task` label) until it is being deleted.
+#[tokio::test]
+async fn a_dispatch_pod_deleted_before_its_status_landed_is_recorded_as_its_attempt() {
+    let client = client().await;
+    let ns = namespace(&client, "deleted-dispatch").await;
+    let audit = common::audit::audit(&client, &ns);
+    let queue = queue::create_queue(&client, "deleted-dispatch", json!({"concurrency": 0})).await;
+    let t = example("hello.yaml", "unrecorded", |v| {
+        v["spec"]["type"] = "loss".into();
+        v["spec"]["queue"] = queue.name.clone().into();
+    });
+    create(&client, &ns, &t).await;
+    let waiting = wait_task(&client, &ns, "unrecorded", LONG, |t| {
+        phase(t) == Some(TaskPhase::Pending)
+    })
+    .await;
+
+    const HOLD: &str = "e2e.ax.dev/hold";
+    let mut made = ax::core::worker::build_pod(&waiting, 1, "{}");
+    let labels = made.metadata.labels.as_mut().unwrap();
+    let task_label = labels.remove(ax::core::worker::LABEL_TASK).unwrap();
+    made.metadata.finalizers.as_mut().unwrap().push(HOLD.into());
+    // Never scheduled: its delete is immediate, held only by the finalizers.
+    made.spec.as_mut().unwrap().node_selector =
+        Some([("e2e.ax.dev/nowhere".to_string(), "true".to_string())].into());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &made).await.unwrap();
+    pods.delete("unrecorded-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let label = Patch::Merge(json!({"metadata": {"labels": {
+        ax::core::worker::LABEL_TASK: task_label}}}));
+    pods.patch("unrecorded-1", &PatchParams::default(), &label)
+        .await
+        .unwrap();
+
+    let t = wait_task(&client, &ns, "unrecorded", LONG, |t| {
+        t.status.as_ref().is_some_and(|s| {
+            s.attempts
+                .iter()
+                .any(|a| a.attempt == 1 && a.failure_kind.is_some())
+        })
+    })
+    .await;
+    let s = t.status.clone().unwrap();
+    let record = s.attempts.iter().find(|a| a.attempt == 1).unwrap();
+    assert_eq!(
+        record.failure_kind,
+        Some(FailureKind::Infrastructure),
+        "{s:#?}"
+    );
+    assert_eq!(s.retries, 0, "{s:#?}");
+
+    let unhold = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    pods.patch("unrecorded-1", &PatchParams::default(), &unhold)
+        .await
+        .unwrap();
+    wait_pod_gone(&client, &ns, "unrecorded-1", LONG).await;
+    // The retry is attempt 2, held by the paused queue; attempt 1's name is never created again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = task(&client, &ns, "unrecorded").await;
+    assert_eq!(t.status.as_ref().unwrap().attempt, 1, "{:#?}", t.status);
+    assert_eq!(
+        audit.pod_lifecycle("unrecorded"),
+        [('+', "1".into()), ('-', "1".into())]
+    );
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    tasks
+        .delete("unrecorded", &DeleteParams::default())
+        .await
+        .unwrap();
+}

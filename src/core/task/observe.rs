@@ -98,16 +98,17 @@ pub fn should_run(pod: &WorkerState, status: &AxTaskStatus) -> bool {
     pod.attempt == status.attempt && status.phase.is_some_and(TaskPhase::has_worker)
 }
 
-/// The pod of the attempt after the current one, not being deleted (seen in the cache, or created
-/// by this process a moment ago): created at a dispatch whose status write was put off (see
-/// `Decision::write_by`) or did not land. It is that attempt, running or finished (its work may be
-/// done), so the dispatch is finished with it rather than with a second pod.
+/// The pod of the attempt after the current one (seen in the cache, or created by this process a
+/// moment ago): created at a dispatch whose status write was put off (see `Decision::write_by`) or
+/// did not land. It is that attempt, running, finished (its work may be done) or being deleted
+/// (evicted, force-deleted), so the dispatch is finished with it rather than with a second pod of
+/// the same name: the attempt it ran is recorded, and one deleted under it fails as infrastructure.
 pub fn next_attempt_pod<'a>(
     status: &AxTaskStatus,
     pods: &'a [WorkerState],
 ) -> Option<&'a WorkerState> {
     let next = status.attempt.checked_add(1)?;
-    pods.iter().find(|p| p.attempt == next && !p.deleting)
+    pods.iter().find(|p| p.attempt == next)
 }
 
 /// The pods that should not run and may still: the fence holds while there is one.

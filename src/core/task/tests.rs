@@ -653,10 +653,31 @@ fn a_next_attempts_pod_that_may_not_start_is_stopped_and_a_dead_verdict_waits_fo
         path(&gone),
         vec![row(Some(Pending), Dead, Reason::BudgetExceeded)]
     );
-    // A pod being deleted is not taken up: the attempt waits for its name to be free.
-    let deleting_next = granted(&s, &admitted(&s, t(0)), &[deleting(pod(1, Run), 10)], t(1));
-    assert_eq!(deleting_next.status.phase, Some(Pending));
-    assert!(!deleting_next.actions.contains(&Action::CreatePod));
+}
+
+/// The dispatch's pod was evicted or force-deleted before its status write landed (the operator
+/// died in between): the attempt it ran is taken up and recorded, failed as infrastructure, and the
+/// retry is attempt 2 — never a second pod named for attempt 1.
+#[test]
+fn a_next_attempts_pod_being_deleted_is_taken_up_and_fails_as_infrastructure() {
+    let s = spec();
+    let evicted = deleting(with_finalizer(pod(1, Run)), 0);
+    let d = granted(&s, &admitted(&s, t(0)), &[evicted], t(1));
+    assert!(!d.actions.contains(&Action::CreatePod), "{:?}", d.actions);
+    assert_eq!(d.status.attempt, 1);
+    assert_eq!(d.status.phase, Some(Failed), "{:#?}", d.transitions);
+    let failure = d.status.last_failure.clone().unwrap();
+    assert_eq!(failure.kind, FailureKind::Infrastructure);
+    assert_eq!(d.status.retries, 0);
+    assert_eq!(d.status.attempts.len(), 1);
+    // Force-deleted (grace 0): nothing will report on it, its finalizer comes off.
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::RemoveFinalizer { name, .. } if name == "job-1")),
+        "{:?}",
+        d.actions
+    );
 }
 
 #[test]
