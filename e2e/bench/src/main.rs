@@ -7,6 +7,7 @@
 //! `eval "$(e2e/cluster.sh env)"`); see README "Benchmarks".
 
 mod apimetrics;
+mod audit;
 mod bench;
 mod memory;
 mod procs;
