@@ -10,6 +10,9 @@
 //! change of the Node: `ax.dev/sim-capacity: "pods=10,cpu=4,memory=8Gi"` (any subset; the rest
 //! stays at the large default) and `ax.dev/sim-pressure: "MemoryPressure"` (a comma-separated
 //! subset of MemoryPressure, DiskPressure, PIDPressure; empty or absent: none).
+//! `ax.dev/sim-heartbeat: "stopped"` makes the node go silent, as a node cut off from the API
+//! server does: no Lease renewal, no Ready heartbeat (the node lifecycle controller marks it
+//! NotReady and taints it) until the annotation is removed. Its pods are still driven.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -35,6 +38,7 @@ use ax_sim::worker::SIM_NODE_TAINT_KEY;
 pub const SIM_POOL_LABEL: &str = "ax.dev/sim-pool";
 pub const CAPACITY_ANNOTATION: &str = "ax.dev/sim-capacity";
 pub const PRESSURE_ANNOTATION: &str = "ax.dev/sim-pressure";
+pub const HEARTBEAT_ANNOTATION: &str = "ax.dev/sim-heartbeat";
 const PRESSURE_CONDITIONS: [&str; 3] = ["MemoryPressure", "DiskPressure", "PIDPressure"];
 
 /// The label (and taint) that marks this simulator's nodes: `ax.dev/sim-node=true`, or
@@ -72,6 +76,8 @@ pub struct NodeSettings {
     pub cpu: String,
     pub memory: String,
     pub pressure: Vec<&'static str>,
+    /// Heartbeats stopped (`ax.dev/sim-heartbeat: stopped`).
+    pub silent: bool,
 }
 
 impl Default for NodeSettings {
@@ -82,6 +88,7 @@ impl Default for NodeSettings {
             cpu: "1000".into(),
             memory: "4Ti".into(),
             pressure: Vec::new(),
+            silent: false,
         }
     }
 }
@@ -122,6 +129,11 @@ pub fn settings_of(node: &Node) -> (NodeSettings, Vec<String>) {
                 None => ignored.push(format!("{PRESSURE_ANNOTATION}: {part}")),
             }
         }
+    }
+    match annotations.get(HEARTBEAT_ANNOTATION).map(|v| v.trim()) {
+        None => {}
+        Some("stopped") => settings.silent = true,
+        Some(other) => ignored.push(format!("{HEARTBEAT_ANNOTATION}: {other}")),
     }
     (settings, ignored)
 }
@@ -412,11 +424,16 @@ impl SimNodes {
                 "unreadable sim node annotations, ignored"
             );
         }
-        match self.heartbeat(&name).await {
+        // A node heard from again renews its Lease at once, not with the next tick.
+        let reported = async {
+            self.heartbeat(&name).await?;
+            self.renew_lease(&name).await
+        };
+        match reported.await {
             Ok(()) => tracing::info!(
                 node = name,
                 ?settings,
-                "sim node capacity or pressure changed"
+                "sim node capacity, pressure or heartbeat changed"
             ),
             Err(error) => tracing::warn!(node = name, %error, "sim node status write failed"),
         }
@@ -496,6 +513,9 @@ impl SimNodes {
         let Some(node) = self.state.lock().await.get(name).cloned() else {
             return Ok(());
         };
+        if node.settings.silent {
+            return Ok(());
+        }
         let status = Patch::Merge(node_status(
             name,
             Timestamp::now(),
@@ -518,12 +538,17 @@ impl SimNodes {
     }
 
     async fn renew_lease(&self, name: &str) -> Result<(), NodeError> {
-        let uid = self
-            .state
-            .lock()
-            .await
-            .get(name)
-            .and_then(|node| node.uid.clone());
+        let (uid, silent) = {
+            let state = self.state.lock().await;
+            let node = state.get(name);
+            (
+                node.and_then(|node| node.uid.clone()),
+                node.is_some_and(|node| node.settings.silent),
+            )
+        };
+        if silent {
+            return Ok(());
+        }
         let Some(uid) = uid else {
             return Err(NodeError::NoUid {
                 node: name.to_owned(),
@@ -713,6 +738,16 @@ mod tests {
         let (plain, ignored) = settings_of(&annotated(json!({})));
         assert_eq!(plain, NodeSettings::default());
         assert!(ignored.is_empty());
+    }
+
+    #[test]
+    fn the_heartbeat_annotation_silences_the_node() {
+        let (settings, ignored) = settings_of(&annotated(json!({HEARTBEAT_ANNOTATION: "stopped"})));
+        assert!(settings.silent);
+        assert!(ignored.is_empty());
+        let (settings, ignored) = settings_of(&annotated(json!({HEARTBEAT_ANNOTATION: "off"})));
+        assert!(!settings.silent);
+        assert_eq!(ignored, [format!("{HEARTBEAT_ANNOTATION}: off")]);
     }
 
     #[test]
