@@ -13,6 +13,9 @@
 //! `ax.dev/sim-heartbeat: "stopped"` makes the node go silent, as a node cut off from the API
 //! server does: no Lease renewal, no Ready heartbeat (the node lifecycle controller marks it
 //! NotReady and taints it) until the annotation is removed. Its pods are still driven.
+//! `"stopped-until=<RFC 3339 time>"` ends the silence on its own at that time, even if the Node
+//! object was deleted meanwhile (a node deleted while silent is registered again only then, so
+//! pod GC sees it gone), and even if whoever silenced it is gone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -76,8 +79,29 @@ pub struct NodeSettings {
     pub cpu: String,
     pub memory: String,
     pub pressure: Vec<&'static str>,
-    /// Heartbeats stopped (`ax.dev/sim-heartbeat: stopped`).
-    pub silent: bool,
+    /// Heartbeats stopped (`ax.dev/sim-heartbeat`).
+    pub heartbeat: Heartbeat,
+}
+
+/// Whether a node sends its heartbeats and renews its Lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Heartbeat {
+    #[default]
+    Beating,
+    /// Silent until the annotation goes.
+    Stopped,
+    /// Silent until this time.
+    StoppedUntil(Timestamp),
+}
+
+impl Heartbeat {
+    pub fn silent_at(self, now: Timestamp) -> bool {
+        match self {
+            Heartbeat::Beating => false,
+            Heartbeat::Stopped => true,
+            Heartbeat::StoppedUntil(until) => now < until,
+        }
+    }
 }
 
 impl Default for NodeSettings {
@@ -88,7 +112,7 @@ impl Default for NodeSettings {
             cpu: "1000".into(),
             memory: "4Ti".into(),
             pressure: Vec::new(),
-            silent: false,
+            heartbeat: Heartbeat::Beating,
         }
     }
 }
@@ -130,10 +154,13 @@ pub fn settings_of(node: &Node) -> (NodeSettings, Vec<String>) {
             }
         }
     }
-    match annotations.get(HEARTBEAT_ANNOTATION).map(|v| v.trim()) {
-        None => {}
-        Some("stopped") => settings.silent = true,
-        Some(other) => ignored.push(format!("{HEARTBEAT_ANNOTATION}: {other}")),
+    if let Some(value) = annotations.get(HEARTBEAT_ANNOTATION).map(|v| v.trim()) {
+        let until = value.strip_prefix("stopped-until=").map(str::parse);
+        match (value, until) {
+            ("stopped", _) => settings.heartbeat = Heartbeat::Stopped,
+            (_, Some(Ok(until))) => settings.heartbeat = Heartbeat::StoppedUntil(until),
+            _ => ignored.push(format!("{HEARTBEAT_ANNOTATION}: {value}")),
+        }
     }
     (settings, ignored)
 }
@@ -513,7 +540,7 @@ impl SimNodes {
         let Some(node) = self.state.lock().await.get(name).cloned() else {
             return Ok(());
         };
-        if node.settings.silent {
+        if node.settings.heartbeat.silent_at(Timestamp::now()) {
             return Ok(());
         }
         let status = Patch::Merge(node_status(
@@ -543,7 +570,7 @@ impl SimNodes {
             let node = state.get(name);
             (
                 node.and_then(|node| node.uid.clone()),
-                node.is_some_and(|node| node.settings.silent),
+                node.is_some_and(|node| node.settings.heartbeat.silent_at(Timestamp::now())),
             )
         };
         if silent {
@@ -742,12 +769,32 @@ mod tests {
 
     #[test]
     fn the_heartbeat_annotation_silences_the_node() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let (settings, ignored) = settings_of(&annotated(json!({HEARTBEAT_ANNOTATION: "stopped"})));
-        assert!(settings.silent);
+        assert_eq!(settings.heartbeat, Heartbeat::Stopped);
+        assert!(settings.heartbeat.silent_at(now));
         assert!(ignored.is_empty());
-        let (settings, ignored) = settings_of(&annotated(json!({HEARTBEAT_ANNOTATION: "off"})));
-        assert!(!settings.silent);
-        assert_eq!(ignored, [format!("{HEARTBEAT_ANNOTATION}: off")]);
+        let until = json!({HEARTBEAT_ANNOTATION: "stopped-until=2026-01-01T00:01:30Z"});
+        let (settings, ignored) = settings_of(&annotated(until));
+        assert!(ignored.is_empty());
+        assert!(settings.heartbeat.silent_at(now));
+        assert!(
+            settings
+                .heartbeat
+                .silent_at("2026-01-01T00:01:29Z".parse().unwrap())
+        );
+        assert!(
+            !settings
+                .heartbeat
+                .silent_at("2026-01-01T00:01:30Z".parse().unwrap())
+        );
+        for unreadable in ["off", "stopped-until=soon"] {
+            let (settings, ignored) =
+                settings_of(&annotated(json!({HEARTBEAT_ANNOTATION: unreadable})));
+            assert_eq!(settings.heartbeat, Heartbeat::Beating);
+            assert!(!settings.heartbeat.silent_at(now));
+            assert_eq!(ignored, [format!("{HEARTBEAT_ANNOTATION}: {unreadable}")]);
+        }
     }
 
     #[test]
