@@ -123,6 +123,16 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
         });
     }
     let report = audit::audit(&input);
+    for (file, value) in [
+        ("audit-input.json", serde_json::to_value(&input)?),
+        ("audit-report.json", serde_json::to_value(&report)?),
+        ("pods.json", recorder.pod_histories()),
+    ] {
+        let path = s.log_dir.join(file);
+        if let Err(e) = std::fs::write(&path, serde_json::to_vec(&value)?) {
+            eprintln!("  writing {}: {e}", path.display());
+        }
+    }
     println!(
         "chaos: seed {}, {} tasks + {} DAGs of {}, faults {}, {} relists of the pod watch",
         s.seed,
@@ -138,8 +148,9 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
     );
     print!("{}", audit::render(&report));
     println!(
-        "operator logs: {}",
-        s.log_dir.join("chaos-{a,b}.log").display()
+        "operator logs: {}; every pod's history: {}",
+        s.log_dir.join("chaos-{a,b}.log").display(),
+        s.log_dir.join("pods.json").display()
     );
     if !s.keep && report.violations() == 0 {
         eprintln!("deleting namespace {namespace} and AxQueue {queue}");
@@ -533,7 +544,8 @@ impl Injector {
             }
             FaultKind::SimNodeSilent => {
                 let node = self.sim_node(&mut rng);
-                self.annotate_heartbeat(&node, Some("stopped")).await?;
+                self.record_all_live_on(Some(&node), kind);
+                self.silence(&node, holds).await?;
                 eprintln!(
                     "  fault: sim node {node}'s heartbeats stopped for {} s",
                     holds.as_secs()
@@ -553,18 +565,17 @@ impl Injector {
                     .cloned()
                     .unwrap_or_else(|| self.sim_node(&mut rng));
                 let on_node = self.record_all_live_on(Some(&node), kind);
-                let nodes: Api<DynamicObject> = Api::all_with(
-                    self.client.clone(),
-                    &kube::core::ApiResource::from_gvk_with_plural(
-                        &kube::core::GroupVersionKind::gvk("", "v1", "Node"),
-                        "nodes",
-                    ),
-                );
-                nodes
+                // Silenced first: the sim registers a deleted node again at its next heartbeat,
+                // before pod GC (40 s quarantine, 20 s period) would see it gone.
+                self.silence(&node, holds).await?;
+                nodes(&self.client)
                     .delete(&node, &DeleteParams::default())
                     .await
                     .with_context(|| format!("deleting node {node}"))?;
-                eprintln!("  fault: node {node} deleted under {on_node} live workers");
+                eprintln!(
+                    "  fault: node {node} deleted under {on_node} live workers, back in {} s",
+                    holds.as_secs()
+                );
             }
             FaultKind::Evict | FaultKind::ForceDelete => {
                 let live = self.recorder.live_pods();
@@ -687,14 +698,16 @@ impl Injector {
             .unwrap_or_else(|| format!("{}-0", self.settings.sim_prefix))
     }
 
+    /// Stops `node`'s heartbeats for `holds`: the sim ends the silence on its own, so a run that
+    /// dies meanwhile leaves no node silent, and a deleted node stays away that long.
+    async fn silence(&self, node: &str, holds: Duration) -> Result<()> {
+        let until = jiff::Timestamp::now() + jiff::SignedDuration::try_from(holds)?;
+        let value = format!("stopped-until={until}");
+        self.annotate_heartbeat(node, Some(&value)).await
+    }
+
     async fn annotate_heartbeat(&self, node: &str, value: Option<&str>) -> Result<()> {
-        let nodes: Api<DynamicObject> = Api::all_with(
-            self.client.clone(),
-            &kube::core::ApiResource::from_gvk_with_plural(
-                &kube::core::GroupVersionKind::gvk("", "v1", "Node"),
-                "nodes",
-            ),
-        );
+        let nodes = nodes(&self.client);
         let patch = Patch::Merge(json!({
             "metadata": {"annotations": {SIM_HEARTBEAT_ANNOTATION: value}}
         }));
@@ -744,6 +757,16 @@ impl Injector {
         pods.delete(&pod.name, &params).await.map(drop)?;
         Ok(())
     }
+}
+
+fn nodes(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(
+        client.clone(),
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("", "v1", "Node"),
+            "nodes",
+        ),
+    )
 }
 
 /// A cluster component's pid from the harness's pid file (`$AX_E2E_DIR/run/<name>.pid`).

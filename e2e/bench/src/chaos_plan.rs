@@ -258,7 +258,7 @@ pub enum FaultKind {
     KubeletStop,
     /// Stop a simulated node's heartbeats for 90 s.
     SimNodeSilent,
-    /// Delete a simulated Node object with running workers.
+    /// Delete a simulated Node object with running workers; it comes back after 90 s.
     NodeDelete,
     /// Evict running workers through the Eviction API.
     Evict,
@@ -301,7 +301,8 @@ impl FaultKind {
             FaultKind::ApiserverStopShort | FaultKind::EtcdStop => 5,
             FaultKind::ApiserverStopLong => 25,
             FaultKind::KubeletStop => 60,
-            FaultKind::SimNodeSilent => 90,
+            // A deleted node stays away long enough for pod GC to collect its pods.
+            FaultKind::SimNodeSilent | FaultKind::NodeDelete => 90,
             _ => 0,
         })
     }

@@ -35,6 +35,8 @@ struct PodState {
     created: Revision,
     last_seen: Revision,
     end: Option<PodEnd>,
+    /// What each change showed (phase, node, deletion), for reading a violation afterwards.
+    history: Vec<(Revision, String)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -125,6 +127,20 @@ fn worker_of(pod: &DynamicObject) -> Option<(Key, u32)> {
     Some((format!("{namespace}/{owner}"), attempt))
 }
 
+/// `phase node [deleting grace=N]`: what a change of a pod showed.
+fn pod_summary(pod: &DynamicObject) -> String {
+    let mut summary = format!(
+        "{} {}",
+        pod.data["status"]["phase"].as_str().unwrap_or("-"),
+        pod.data["spec"]["nodeName"].as_str().unwrap_or("-")
+    );
+    if pod.metadata.deletion_timestamp.is_some() {
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(-1);
+        summary.push_str(&format!(" deleting grace={grace}"));
+    }
+    summary
+}
+
 fn pod_terminal(pod: &DynamicObject) -> bool {
     matches!(
         pod.data["status"]["phase"].as_str(),
@@ -155,8 +171,17 @@ impl Recorder {
                 created: rv,
                 last_seen: rv,
                 end: None,
+                history: Vec::new(),
             });
             state.last_seen = state.last_seen.max(rv);
+            let seen = if deleted {
+                "deleted".to_owned()
+            } else {
+                pod_summary(pod)
+            };
+            if state.history.last().is_none_or(|(_, last)| *last != seen) {
+                state.history.push((rv, seen));
+            }
             if node.is_some() {
                 state.node = node;
             }
@@ -303,6 +328,25 @@ impl Recorder {
                 .filter(|(_, (_, terminal))| terminal.is_none())
                 .map(|(k, (phase, _))| (format!("AxDag {k}"), phase.clone(), None));
             tasks.chain(dags).collect()
+        })
+    }
+
+    /// Every worker pod seen and the changes it went through, by task: the record a violation is
+    /// read from after the run.
+    pub fn pod_histories(&self) -> Value {
+        self.with(|s| {
+            let mut pods: Vec<(&String, &PodState)> = s.pods.iter().collect();
+            pods.sort_by_key(|(_, p)| (p.task.clone(), p.created));
+            Value::Array(
+                pods.into_iter()
+                    .map(|(uid, p)| {
+                        serde_json::json!({
+                            "task": p.task, "pod": p.name, "uid": uid, "attempt": p.attempt,
+                            "history": p.history,
+                        })
+                    })
+                    .collect(),
+            )
         })
     }
 

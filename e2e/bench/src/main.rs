@@ -297,6 +297,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 drain_seconds,
                 keep: c.keep,
             };
+            // The operators are the soak's own, not whichever one the pattern would find.
+            let context = RunContext {
+                operator_exe: Some(settings.operator_bin.display().to_string()),
+                ..context
+            };
             println!("{}", context.render());
             let clean = chaos::run(&client, &settings).await?;
             return Ok(if clean {
