@@ -88,7 +88,16 @@ pub struct Disruption {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Creates {
     /// `(resource, namespace/name)` → successful creates (HTTP 201).
+    #[serde(serialize_with = "creates_as_rows")]
     pub counts: BTreeMap<(String, Key), u32>,
+}
+
+/// JSON keys are strings: the counts go out as `[resource, key, count]` rows.
+fn creates_as_rows<S: serde::Serializer>(
+    counts: &BTreeMap<(String, Key), u32>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(counts.iter().map(|((r, k), n)| (r, k, n)))
 }
 
 impl Creates {
@@ -662,6 +671,23 @@ mod tests {
             failure_kind: Some(kind.into()),
             reason: Some(reason.into()),
         }
+    }
+
+    #[test]
+    fn the_input_and_the_report_serialize_to_json() {
+        let mut creates = Creates::default();
+        creates.counts.insert(("pods".into(), "ns/t-1".into()), 2);
+        let input = Input {
+            pods: vec![pod("t", 1, 10, PodEnd::Live)],
+            creates,
+            ..Input::default()
+        };
+        let json = serde_json::to_value(&input).expect("the input as JSON");
+        assert_eq!(
+            json["creates"]["counts"][0],
+            serde_json::json!(["pods", "ns/t-1", 2])
+        );
+        serde_json::to_value(audit(&input)).expect("the report as JSON");
     }
 
     #[test]

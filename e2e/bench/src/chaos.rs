@@ -98,10 +98,13 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
     }
 
     let operators = Arc::new(Mutex::new(Operators::start(s)?));
-    let result = soak(
-        client, s, &namespace, &queue, &plan, &faults, length, &recorder, &operators,
-    )
-    .await;
+    // Interrupted, it still continues what it stopped and stops its operators.
+    let result = tokio::select! {
+        result = soak(
+            client, s, &namespace, &queue, &plan, &faults, length, &recorder, &operators,
+        ) => result,
+        signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
+    };
     restore_components(s);
     operators.lock().await.stop_all();
     let (disruptions, cron_window) = result?;
@@ -123,16 +126,6 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
         });
     }
     let report = audit::audit(&input);
-    for (file, value) in [
-        ("audit-input.json", serde_json::to_value(&input)?),
-        ("audit-report.json", serde_json::to_value(&report)?),
-        ("pods.json", recorder.pod_histories()),
-    ] {
-        let path = s.log_dir.join(file);
-        if let Err(e) = std::fs::write(&path, serde_json::to_vec(&value)?) {
-            eprintln!("  writing {}: {e}", path.display());
-        }
-    }
     println!(
         "chaos: seed {}, {} tasks + {} DAGs of {}, faults {}, {} relists of the pod watch",
         s.seed,
@@ -147,6 +140,21 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
         recorder.relists()
     );
     print!("{}", audit::render(&report));
+    // Kept for reading a violation afterwards; the report above stands without them.
+    let files = [
+        ("audit-input.json", serde_json::to_vec(&input)),
+        ("audit-report.json", serde_json::to_vec(&report)),
+        ("pods.json", serde_json::to_vec(&recorder.pod_histories())),
+    ];
+    for (file, json) in files {
+        let path = s.log_dir.join(file);
+        let written = json
+            .map_err(anyhow::Error::from)
+            .and_then(|json| std::fs::write(&path, json).map_err(Into::into));
+        if let Err(e) = written {
+            eprintln!("  writing {}: {e:#}", path.display());
+        }
+    }
     println!(
         "operator logs: {}; every pod's history: {}",
         s.log_dir.join("chaos-{a,b}.log").display(),
@@ -160,6 +168,21 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
         eprintln!("namespace {namespace} kept for inspection");
     }
     Ok(report.violations() == 0)
+}
+
+/// The first SIGINT or SIGTERM.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
 }
 
 type CronWindow = Option<(String, i64, i64)>;
@@ -212,11 +235,11 @@ async fn soak(
         disruptions: disruptions.clone(),
         behaviors,
     };
-    let mut fault_tasks = Vec::new();
+    let mut fault_tasks = AbortOnDrop(Vec::new());
     for (i, fault) in faults.iter().cloned().enumerate() {
         let injector = injector.clone();
         let seed = s.seed.wrapping_add(i as u64);
-        fault_tasks.push(tokio::spawn(async move {
+        fault_tasks.0.push(tokio::spawn(async move {
             tokio::time::sleep_until((started + fault.at).into()).await;
             if let Err(e) = injector.inject(fault.kind, seed).await {
                 eprintln!("  fault {} failed: {e:#}", fault.kind.as_str());
@@ -269,7 +292,7 @@ async fn soak(
         }
         dags_made += 1;
     }
-    for task in fault_tasks {
+    for task in &mut fault_tasks.0 {
         let _ = task.await;
     }
     tokio::time::sleep_until((started + length).into()).await;
@@ -340,6 +363,16 @@ async fn soak(
     ))
 }
 
+/// The fault injections, stopped when the soak is (interrupted, or on an error): none may stop a
+/// component after the soak restored them.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|task| task.abort());
+    }
+}
+
 /// Creates `object`, retrying while the API server is stopped or the write times out; a 409
 /// means an earlier try got through.
 async fn create(api: &Api<DynamicObject>, object: serde_json::Value) -> Result<()> {
@@ -376,17 +409,20 @@ async fn suspend(crons: &Api<DynamicObject>, name: &str) {
     eprintln!("  could not suspend the AxCron {name}");
 }
 
-/// The soak's two operator processes, `chaos-a` and `chaos-b`.
+/// The soak's two operator processes, in slots `chaos-a` and `chaos-b`. Each start gets a new
+/// identity (`chaos-a-3`), as a replacement pod gets a new name: a restarted leader must not take
+/// its predecessor's Lease back at once, the standby takes over once it expires.
 pub struct Operators {
     bin: PathBuf,
     kubeconfig: PathBuf,
     metrics_port: u16,
     log_dir: PathBuf,
-    children: [Option<Child>; 2],
+    children: [Option<(String, Child)>; 2],
+    starts: [usize; 2],
     kills: usize,
 }
 
-const IDENTITIES: [&str; 2] = ["chaos-a", "chaos-b"];
+const SLOTS: [&str; 2] = ["chaos-a", "chaos-b"];
 
 impl Operators {
     fn start(s: &ChaosSettings) -> Result<Operators> {
@@ -403,15 +439,17 @@ impl Operators {
             metrics_port: s.operator_metrics_port,
             log_dir: s.log_dir.clone(),
             children: [None, None],
+            starts: [0, 0],
             kills: 0,
         };
         operators.ensure_running()?;
         Ok(operators)
     }
 
-    fn spawn(&self, i: usize) -> Result<Child> {
-        let identity = IDENTITIES[i];
-        let log_path = self.log_dir.join(format!("{identity}.log"));
+    fn spawn(&mut self, i: usize) -> Result<(String, Child)> {
+        self.starts[i] += 1;
+        let identity = format!("{}-{}", SLOTS[i], self.starts[i]);
+        let log_path = self.log_dir.join(format!("{}.log", SLOTS[i]));
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -419,7 +457,7 @@ impl Operators {
             .with_context(|| format!("opening {}", log_path.display()))?;
         let child = Command::new(&self.bin)
             .arg("--identity")
-            .arg(identity)
+            .arg(&identity)
             .env("KUBECONFIG", &self.kubeconfig)
             .env(
                 "AX_METRICS_ADDR",
@@ -435,7 +473,7 @@ impl Operators {
             .spawn()
             .with_context(|| format!("starting {}", self.bin.display()))?;
         eprintln!("  operator {identity} started, pid {}", child.id());
-        Ok(child)
+        Ok((identity, child))
     }
 
     /// Starts whichever of the two is not running.
@@ -443,7 +481,7 @@ impl Operators {
         for i in 0..2 {
             let exited = match self.children[i].as_mut() {
                 None => true,
-                Some(child) => child.try_wait()?.is_some(),
+                Some((_, child)) => child.try_wait()?.is_some(),
             };
             if exited {
                 self.children[i] = Some(self.spawn(i)?);
@@ -452,20 +490,26 @@ impl Operators {
         Ok(())
     }
 
-    /// SIGKILLs `identity` and reaps it.
-    fn kill(&mut self, identity: &str) -> Option<u32> {
-        let i = IDENTITIES.iter().position(|x| *x == identity)?;
-        let mut child = self.children[i].take()?;
+    /// The slot whose running operator is `identity`.
+    fn slot_of(&self, identity: &str) -> Option<usize> {
+        self.children
+            .iter()
+            .position(|c| c.as_ref().is_some_and(|(id, _)| id == identity))
+    }
+
+    /// SIGKILLs the operator in slot `i` and reaps it: its identity and pid.
+    fn kill(&mut self, i: usize) -> Option<(String, u32)> {
+        let (identity, mut child) = self.children[i].take()?;
         let pid = child.id();
         let _ = child.kill();
         let _ = child.wait();
         self.kills += 1;
-        Some(pid)
+        Some((identity, pid))
     }
 
     fn stop_all(&mut self) {
         for slot in &mut self.children {
-            if let Some(mut child) = slot.take() {
+            if let Some((_, mut child)) = slot.take() {
                 // SIGTERM: a clean stop releases the Lease.
                 // SAFETY: kill(2) on a child we spawned and have not reaped.
                 unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -483,7 +527,7 @@ impl Operators {
 
 impl Drop for Operators {
     fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
+        for (_, child) in self.children.iter_mut().flatten() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -518,13 +562,18 @@ impl Injector {
                 let leader = self.leader().await;
                 let mut operators = self.operators.lock().await;
                 // The leader most of the time (the standby takes over); now and then the standby.
-                let victim = match leader {
+                let victim = match leader.as_deref().and_then(|l| operators.slot_of(l)) {
                     Some(l) if rng.random_bool(0.8) => l,
-                    Some(l) => IDENTITIES.iter().find(|i| **i != l).unwrap().to_string(),
-                    None => IDENTITIES[rng.random_range(0..2)].to_string(),
+                    Some(l) => 1 - l,
+                    None => rng.random_range(0..2),
                 };
-                if let Some(pid) = operators.kill(&victim) {
-                    eprintln!("  fault: SIGKILL operator {victim} (pid {pid})");
+                if let Some((identity, pid)) = operators.kill(victim) {
+                    let role = if leader.as_deref() == Some(identity.as_str()) {
+                        "leading"
+                    } else {
+                        "standby"
+                    };
+                    eprintln!("  fault: SIGKILL operator {identity} ({role}, pid {pid})");
                 }
                 drop(operators);
                 tokio::time::sleep(Duration::from_millis(rng.random_range(500..5_000))).await;
@@ -650,8 +699,9 @@ impl Injector {
             .await
             .ok()?
             .ok()?;
-        let holder = lease.data["spec"]["holderIdentity"].as_str()?.to_owned();
-        IDENTITIES.contains(&holder.as_str()).then_some(holder)
+        lease.data["spec"]["holderIdentity"]
+            .as_str()
+            .map(str::to_owned)
     }
 
     async fn stop_process(&self, component: &str, holds: Duration) -> Result<()> {
