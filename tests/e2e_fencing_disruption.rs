@@ -238,3 +238,52 @@ async fn a_kubelet_that_stops_answering_never_gets_a_second_worker_beside_the_fi
         vec![('+', "1".into()), ('-', "1".into()), ('+', "2".into())]
     );
 }
+
+/// A worker finishes while no operator runs and its pod is deleted (pod GC, a cleanup script)
+/// before the next operator reads it: the pod's outcome finalizer keeps it readable, so the task
+/// ends Succeeded on its first attempt instead of taking the missing pod for a lost worker and
+/// running the work again.
+#[tokio::test]
+async fn a_finished_worker_deleted_before_any_operator_reads_it_keeps_its_outcome() {
+    let client = client().await;
+    let ns = namespace(&client, "deleted-done").await;
+    let audit = audit(&client, &ns);
+    let mut operator = start_operator("fencing-deleted-a", &operator_kubeconfig());
+    create(&client, &ns, &long_task("done", "sleep 8")).await;
+    wait_phase(&client, &ns, "done", TaskPhase::Running, LONG).await;
+    sigkill(&mut operator);
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + LONG;
+    while pod_alive(&pods.get_opt("done-1").await.unwrap()) {
+        assert!(Instant::now() < deadline, "the worker did not finish");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (ok, _, err) = run_kubectl(
+        &["delete", "pod", "-n", &ns, "done-1", "--wait=false"],
+        None,
+    );
+    assert!(ok, "{err}");
+    let held = pods.get_opt("done-1").await.unwrap();
+    assert!(
+        held.as_ref()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        "the deleted pod stays readable until its outcome is recorded: {held:#?}"
+    );
+
+    let mut operator = start_operator("fencing-deleted-b", &operator_kubeconfig());
+    let t = wait_task(&client, &ns, "done", LONG, |t| {
+        phase(t).is_some_and(TaskPhase::is_terminal)
+    })
+    .await;
+    let s = t.status.clone().unwrap();
+    assert_eq!(s.phase, Some(TaskPhase::Succeeded), "{:#?}", s.history);
+    assert_eq!(s.attempt, 1, "the work ran once: {:#?}", s.history);
+    wait_pod_gone(&client, &ns, "done-1", LONG).await;
+    sigkill(&mut operator);
+    audit.assert_one_live_worker("done");
+    assert_eq!(
+        audit.pod_lifecycle("done"),
+        vec![('+', "1".into()), ('-', "1".into())]
+    );
+}

@@ -44,6 +44,9 @@ pub fn task_state(task: &AxTask, condition: WaitFor) -> WaitState {
     if !phase.is_terminal() {
         return WaitState::Waiting(phase.to_string());
     }
+    if !crate::core::task::is_final(&status) {
+        return WaitState::Waiting(format!("{phase}, its worker still stopping"));
+    }
     let why = status
         .dead_reason
         .or(status.reason)

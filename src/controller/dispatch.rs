@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use tracing::{debug, info};
 
 use super::cache::CachedTask;
@@ -211,29 +211,44 @@ fn sweep_deleted(ctx: &Ctx) {
     if freed {
         ctx.dispatch_wanted.notify_one();
     }
-    // A task deleted while its killed worker was stopping never looks at that pod again.
+    // A task deleted while its worker was stopping never looks at that pod again.
     for pod in ctx.pods.state() {
-        let held = pod
-            .finalizers()
-            .iter()
-            .any(|f| f == worker::OUTCOME_FINALIZER);
-        let owner = pod.owner_references().iter().find(|o| o.kind == "AxTask");
-        let orphan = owner.is_none_or(|o| {
-            let key = (pod.namespace().unwrap_or_default(), o.name.clone());
-            ctx.tasks
-                .get(&ObjectRef::new(&key.1).within(&key.0))
-                .is_none_or(|t| t.uid().as_deref() != Some(o.uid.as_str()))
-        });
-        if held && orphan {
-            let api: Api<Pod> =
-                Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
-            tokio::spawn(async move {
-                if let Err(e) =
-                    write::remove_finalizer(&api, pod.as_ref(), worker::OUTCOME_FINALIZER).await
-                {
-                    debug!(pod = pod.name_any(), error = %e, "freeing an orphaned worker pod failed");
-                }
-            });
-        }
+        free_if_unowned(&pod, &ctx.tasks, &ctx.client);
     }
+}
+
+/// Takes the outcome finalizer off a pod whose task is gone, replaced (another uid) or being
+/// deleted: nobody will read its outcome, and a foreground deletion of the task waits for it.
+/// Called for every pod event and by the sweep; the tasks' cache must be complete, or every pod
+/// would look unowned.
+pub fn free_if_unowned(pod: &Pod, tasks: &Store<CachedTask>, client: &kube::Client) {
+    let held = pod
+        .finalizers()
+        .iter()
+        .any(|f| f == worker::OUTCOME_FINALIZER);
+    if !held || !super::cache_listed(tasks) {
+        return;
+    }
+    let owner = pod.owner_references().iter().find(|o| o.kind == "AxTask");
+    let unowned = owner.is_none_or(|o| {
+        let key = (pod.namespace().unwrap_or_default(), o.name.clone());
+        tasks
+            .get(&ObjectRef::new(&key.1).within(&key.0))
+            .is_none_or(|t| {
+                t.uid().as_deref() != Some(o.uid.as_str())
+                    || kube::Resource::meta(t.as_ref())
+                        .deletion_timestamp
+                        .is_some()
+            })
+    });
+    if !unowned {
+        return;
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let pod = pod.clone();
+    tokio::spawn(async move {
+        if let Err(e) = write::remove_finalizer(&api, &pod, worker::OUTCOME_FINALIZER).await {
+            debug!(pod = pod.name_any(), error = %e, "freeing an orphaned worker pod failed");
+        }
+    });
 }

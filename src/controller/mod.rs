@@ -18,6 +18,7 @@ pub mod dispatch;
 pub mod events;
 pub mod list_watch;
 pub mod namespace;
+pub mod pod_index;
 pub mod queue;
 pub mod readable;
 pub mod run;
@@ -189,6 +190,8 @@ pub struct Context {
     /// The templates of tasks just delivered, for a dispatch that builds its pod at once.
     pub fresh: Arc<cache::FreshTemplates>,
     pub pods: Store<Pod>,
+    /// Every pod of each task, by the task's uid (`pod_index`).
+    pub pods_by_task: Arc<pod_index::PodsByTask>,
     pub nodes: Store<Node>,
     pub queue_store: Store<AxQueue>,
     /// Namespaces, metadata only: their labels decide which tasks a queue admits.

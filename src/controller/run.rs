@@ -18,6 +18,7 @@ use tracing::info;
 
 use super::callback::Callbacks;
 use super::events::Events;
+use super::pod_index::PodsByTask;
 use super::{Context, Queues, Tracking, cache, dispatch, namespace, queue, readable, task};
 use crate::api::AxQueue;
 use crate::core::worker::LABEL_TASK;
@@ -51,7 +52,11 @@ pub async fn run(
 
     // Small collections, and the pods of tasks (at most about the queues' concurrency): kube's
     // watcher. The tasks come through `list_watch`, which reads their list from the watch cache.
+    let (tasks, tasks_writer) = reflector::store();
     let (pods, pods_writer) = reflector::store();
+    let (unowned_tasks, unowned_client) = (tasks.clone(), client.clone());
+    let pods_by_task = Arc::new(PodsByTask::default());
+    let indexed = pods_by_task.clone();
     let pod_events = reflector::reflector(
         pods_writer,
         watcher(
@@ -59,9 +64,12 @@ pub async fn run(
             watcher::Config::default().labels(LABEL_TASK).any_semantic(),
         )
         .default_backoff()
-        .modify(cache::pod),
+        .modify(cache::pod)
+        .inspect_ok(move |event| indexed.apply(event)),
     )
-    .touched_objects();
+    .touched_objects()
+    // A deleted task's pods are never reconciled: their finalizers come off as they are deleted.
+    .inspect_ok(move |pod| dispatch::free_if_unowned(pod, &unowned_tasks, &unowned_client));
 
     let (nodes, nodes_writer) = reflector::store();
     let node_watch = reflector::reflector(
@@ -85,7 +93,6 @@ pub async fn run(
 
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
     let (wake, woken) = futures::channel::mpsc::unbounded();
-    let (tasks, tasks_writer) = reflector::store();
     let fresh = Arc::new(cache::FreshTemplates::default());
     let events = Events::new(client.clone(), "ax-operator", &settings.identity);
     let ctx = Arc::new(Context {
@@ -94,6 +101,7 @@ pub async fn run(
         tasks: tasks.clone(),
         fresh: fresh.clone(),
         pods: pods.clone(),
+        pods_by_task,
         nodes: nodes.clone(),
         queue_store,
         namespaces,

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use super::cache::{CachedTask, SettledTask};
 use super::write::{self, ApiError, api_message};
 use super::{Ctx, Error, FIELD_MANAGER, Result, TaskKey, cache, task_key, version_of};
-use crate::api::{AxTask, AxTaskStatus, HistoryEntry, TaskPhase};
+use crate::api::{AxTask, HistoryEntry, TaskPhase};
 use crate::core::queue::pending_of;
 use crate::core::task::{
     self as core, Action, Clock, Decision, Inputs, Notice, QueueState, Refusal,
@@ -28,6 +28,8 @@ use crate::core::worker::{self, OUTCOME_FINALIZER, WorkerState, pod_name};
 /// How soon to look again when the worker pod's name is taken by a pod this task does not own (an
 /// older task of the same name whose pods the garbage collector has not removed yet).
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(2);
+/// How often a task looks again at a worker pod the caches do not show (its label removed).
+const HIDDEN_POD_LOOK_AGAIN: Duration = Duration::from_secs(5);
 
 pub fn clock(ctx: &Ctx) -> Clock<'_> {
     Clock {
@@ -89,7 +91,7 @@ fn look_at_settled(key: &TaskKey, settled: &SettledTask, ctx: &Ctx) -> Option<Re
     let meta = &settled.metadata;
     let facts = &settled.facts;
     let uid = meta.uid.as_deref()?;
-    let pods = pods_named(key, uid, facts.attempt, ctx);
+    let pods = pods_named(key, uid, ctx);
     let now = Timestamp::now();
     let (idle, freed) = {
         // One hold of the lock: a slot granted between the look and the upsert would be taken back.
@@ -168,15 +170,26 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
     let main_has_probe = cache::main_has_probe(&task);
     let mut current = task;
     let mut refused: Option<Refusal> = None;
-    // At most twice: a pod the API server refuses is recorded in a second decision.
-    for _ in 0..2 {
+    // Pods the caches do not show and the API server has (see `read_pod`), and the attempts asked.
+    let mut hidden: Vec<WorkerState> = Vec::new();
+    let mut asked: Vec<i32> = Vec::new();
+    // A pod the API server refuses is recorded in a second decision; a pod found by asking, in one
+    // more.
+    for _ in 0..4 {
         let written = current.status.clone().unwrap_or_default();
         // A status decided and put off is where this look starts from, as if it were written.
         let unwritten = ctx
             .tracking
             .unwritten(&key, current.uid().as_deref(), &written);
         let status = unwritten.clone().unwrap_or_else(|| written.clone());
-        let pods = pods_of(&current, &status, &key, &ctx);
+        let mut pods = pods_of(&current, &key, &ctx);
+        pods.extend(
+            hidden
+                .iter()
+                .filter(|h| !pods.iter().any(|p| p.name == h.name))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         let clock = clock(&ctx);
         let (granted, held) = {
             let queues = ctx.queues.lock();
@@ -201,6 +214,26 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
             progress_write_delay: ctx.progress_write_delay,
         };
         let mut decision = core::decide(&inputs, &clock);
+        if decision.behind {
+            debug!(
+                "a pod of a later attempt than this status knows exists; waiting for the task's newer version"
+            );
+            ctx.queues
+                .lock()
+                .hold(&key, &current.spec.queue, &current.spec.task_type);
+            return Ok(Requeue::requeue(core::BEHIND_RETRY));
+        }
+        if let Some(attempt) = decision.assumes_gone.filter(|a| !asked.contains(a)) {
+            asked.push(attempt);
+            if let Some(pod) = read_pod(&current, attempt, &ctx).await? {
+                warn!(
+                    pod = pod.name_any(),
+                    "a worker pod missing from the cache still exists; deciding on it"
+                );
+                hidden.push(observe_pod(&pod, &ctx));
+                continue;
+            }
+        }
         let mut held_now = None;
         if decision.queue == QueueState::Ready && !granted {
             if offer(&key, &current, &decision, &ctx) {
@@ -217,6 +250,10 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
             decision = core::decide(&inputs, &clock);
         }
         match apply(&current, &key, decision, &ctx).await? {
+            // No event of a pod the cache does not show comes: look at it again soon.
+            Applied::Done(_) if !hidden.is_empty() => {
+                return Ok(Requeue::requeue(HIDDEN_POD_LOOK_AGAIN));
+            }
             Applied::Done(requeue) => return Ok(requeue),
             Applied::Refused(written, refusal) => {
                 current = written;
@@ -245,52 +282,77 @@ fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
     }
 }
 
-/// Every pod of this task of attempts 1..=current+1, owned by it (a pod of that name owned by
-/// another object, e.g. an older task of the same name, is not ours), plus the pod just created and
-/// not yet in the cache. A pod of the next attempt exists when it was created beside a status write
-/// that did not land (a conflict, or the operator stopped in between): the core takes the attempt
-/// up with it, or stops it if the task may not start now.
-fn pods_of(task: &AxTask, status: &AxTaskStatus, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
+/// Every pod this task owns, of any attempt (`pod_index`), plus the pod just created and not yet
+/// in the cache. A pod of the next attempt exists when it was created beside a status write that
+/// did not land (a conflict, or the operator stopped in between): the core takes the attempt up
+/// with it, or stops it if the task may not start now. A pod of a later attempt says this status is
+/// behind (`core::task::behind`).
+fn pods_of(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
     match task.uid() {
-        Some(uid) => pods_named(key, &uid, status.attempt, ctx),
+        Some(uid) => pods_named(key, &uid, ctx),
         None => Vec::new(),
     }
 }
 
-/// The pods of task `key` (uid `uid`) of attempts 1..=attempts+1, as [`pods_of`] says.
-fn pods_named(key: &TaskKey, uid: &str, attempts: i32, ctx: &Ctx) -> Vec<WorkerState> {
-    let mut pods: Vec<WorkerState> = (1..=attempts.saturating_add(1))
-        .filter_map(|attempt| {
-            let name = pod_name(&key.1, attempt);
+/// The pods of task `key` (uid `uid`), as [`pods_of`] says.
+fn pods_named(key: &TaskKey, uid: &str, ctx: &Ctx) -> Vec<WorkerState> {
+    let mut pods: Vec<WorkerState> = ctx
+        .pods_by_task
+        .pods_of(uid)
+        .into_iter()
+        .filter_map(|(_, name)| {
             let pod = ctx.pods.get(&ObjectRef::<Pod>::new(&name).within(&key.0))?;
+            // A pod of that name owned by another object (an older task of the same name) is not
+            // ours; the index and the cache may be a moment apart.
             pod.owner_references()
                 .iter()
                 .any(|o| o.uid == uid)
                 .then(|| observe_pod(&pod, ctx))
         })
         .collect();
-    let seen = |attempt: i32| pods.iter().any(|p| p.attempt == attempt);
-    if let Some((name, attempt, created_at)) = ctx.tracking.expected_pod(key, seen) {
-        pods.push(worker::expected(&name, attempt, created_at));
+    let seen = |n: i32| pods.iter().any(|p| p.attempt == n);
+    if let Some((name, n, created_at)) = ctx.tracking.expected_pod(key, seen) {
+        pods.push(worker::expected(&name, n, created_at));
     }
     pods
 }
 
+/// The pod of `attempt` as the API server has it now (a quorum read), when the caches show none:
+/// a pod whose `ax.dev/task` label was removed, or one a stale relist dropped, may still run.
+/// `None` when it is gone or not this task's.
+async fn read_pod(task: &AxTask, attempt: i32, ctx: &Ctx) -> Result<Option<Pod>> {
+    let namespace = task.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pod = api
+        .get_opt(&pod_name(&task.name_any(), attempt))
+        .await
+        .map_err(|e| Error::Read("the worker pod", e))?;
+    Ok(pod.filter(|pod| {
+        pod.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == task.metadata.uid.as_ref())
+    }))
+}
+
+/// The pod as the core reads it, with what the node cache (complete: see `reconcile`) says of its
+/// node.
 fn observe_pod(pod: &Pod, ctx: &Ctx) -> WorkerState {
-    let node_ready = pod
+    let node = pod
         .spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
-        .and_then(|node| {
-            let node = ctx.nodes.get(&ObjectRef::new(node))?;
-            let conditions = node.status.as_ref()?.conditions.as_ref()?;
-            Some(
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True"),
-            )
-        });
-    worker::observe(pod, node_ready)
+        .map(|node| ctx.nodes.get(&ObjectRef::new(node)));
+    let node_ready = node.as_ref().and_then(|node| {
+        let conditions = node.as_ref()?.status.as_ref()?.conditions.as_ref()?;
+        Some(
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True"),
+        )
+    });
+    let mut worker = worker::observe(pod, node_ready);
+    worker.node_gone = matches!(node, Some(None));
+    worker
 }
 
 enum Applied {

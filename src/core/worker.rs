@@ -21,9 +21,9 @@ pub const PAYLOAD_DIR: &str = "/var/run/ax";
 pub const PAYLOAD_FILE: &str = "payload.json";
 /// Pod template annotation naming the main container (default: the first).
 pub const MAIN_CONTAINER_ANNOTATION: &str = "ax.dev/main-container";
-/// Put on a worker pod before the operator kills it for a timeout, and taken off once its outcome
-/// is read: the kubelet's last status (a worker that finished during its grace period) cannot be
-/// lost by the pod object disappearing first.
+/// On every worker pod from its creation, taken off once the pod is being deleted and its outcome
+/// is in the task's status (or will never be known: its node is gone, the deletion was forced):
+/// the kubelet's last status cannot be lost by the pod object disappearing first.
 pub const OUTCOME_FINALIZER: &str = "ax.dev/worker-outcome";
 /// Largest payload also handed over as env `AX_PAYLOAD`: Linux refuses a single environment string
 /// over 128 KiB, and big environments slow every exec. Larger payloads are only in the file.
@@ -95,6 +95,14 @@ pub fn build_pod(task: &AxTask, attempt: i32, payload_json: &str) -> Pod {
     metadata.name = Some(pod_name(&name, attempt));
     metadata.namespace = Some(namespace.clone());
     metadata.generate_name = None;
+    // Every worker carries the outcome finalizer from its creation (the Job controller's
+    // job-tracking pattern): a pod deleted by anyone — pod GC, a script, an eviction — stays
+    // readable until its outcome is in the task's status, so a finished worker is never taken for
+    // a lost one.
+    let finalizers = metadata.finalizers.get_or_insert_with(Vec::new);
+    if !finalizers.iter().any(|f| f == OUTCOME_FINALIZER) {
+        finalizers.push(OUTCOME_FINALIZER.into());
+    }
     metadata.owner_references = Some(vec![OwnerReference {
         api_version: "ax.dev/v1alpha1".into(),
         kind: "AxTask".into(),
@@ -184,6 +192,8 @@ pub struct WorkerState {
     pub deleting: bool,
     /// The grace period of the deletion in progress.
     pub deletion_grace_seconds: Option<i64>,
+    /// When the deletion in progress is due (its `deletionTimestamp`: asked for + grace period).
+    pub deletion_due: Option<Timestamp>,
     /// The pod carries [`OUTCOME_FINALIZER`].
     pub outcome_finalizer: bool,
     /// All its finalizers, in order (to patch the list by index).
@@ -191,6 +201,9 @@ pub struct WorkerState {
     pub node: Option<String>,
     /// `Some(false)` when the pod's node is known and not Ready.
     pub node_ready: Option<bool>,
+    /// The pod is bound to a node that no longer exists (the node cache, complete, lacks it): no
+    /// kubelet will report on it again.
+    pub node_gone: bool,
     /// The main container, which alone decides success and failure.
     pub main: MainContainer,
     /// Restarts of the main container.
@@ -215,10 +228,11 @@ impl WorkerState {
         !matches!(self.phase, PodPhase::Succeeded | PodPhase::Failed)
     }
 
-    /// A pod that is done and asks nothing more: terminal, not being deleted, no outcome to read.
-    /// Decisions leave such a pod as it is (it goes with its task).
+    /// A pod that is done and asks nothing more: terminal and not being deleted. Decisions leave
+    /// such a pod as it is (it goes with its task); its outcome finalizer comes off when it is
+    /// deleted.
     pub fn is_inert(&self) -> bool {
-        !self.is_running_phase() && !self.deleting && !self.outcome_finalizer && self.uid.is_some()
+        !self.is_running_phase() && !self.deleting && self.uid.is_some()
     }
 
     /// Whether the main container has finished (an exit is known, or the pod is terminal).
@@ -374,6 +388,7 @@ pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
         phase,
         deleting: meta.deletion_timestamp.is_some(),
         deletion_grace_seconds: meta.deletion_grace_period_seconds,
+        deletion_due: meta.deletion_timestamp.as_ref().map(|t| t.0),
         outcome_finalizer: meta
             .finalizers
             .as_ref()
@@ -381,6 +396,7 @@ pub fn observe(pod: &Pod, node_ready: Option<bool>) -> WorkerState {
         finalizers: meta.finalizers.clone().unwrap_or_default(),
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         node_ready,
+        node_gone: false,
         main,
         restarts: main_status.map_or(0, |c| c.restart_count),
         exit,

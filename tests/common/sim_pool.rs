@@ -206,6 +206,15 @@ impl SimPool {
     }
 }
 
+impl SimPool {
+    /// Stops the simulator and leaves its nodes: as a kubelet that died with its machine, nothing
+    /// reports on their pods any more (the nodes go NotReady once their heartbeats stop).
+    pub fn stop_simulator(&mut self) {
+        let _ = self.sim.kill();
+        let _ = self.sim.wait();
+    }
+}
+
 impl Drop for SimPool {
     fn drop(&mut self) {
         let _ = self.sim.kill();

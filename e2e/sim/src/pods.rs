@@ -278,7 +278,17 @@ async fn drive_pod(shared: Arc<Shared>, pod: Pod) {
 
 /// What the kubelet does for a pod being deleted: kill its containers, then remove the object.
 async fn delete_pod(shared: Arc<Shared>, pod: Pod) {
-    if !status::is_terminal(&pod) || !status::all_containers_terminated(&pod) {
+    let running = !status::is_terminal(&pod) || !status::all_containers_terminated(&pod);
+    if running && PodScript::from_pod(&pod).script.ignores_sigterm {
+        // SIGTERM ignored: the kubelet kills it when the grace period of the deletion runs out.
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30);
+        let due = pod.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+        let wait = due.map_or(Duration::from_secs(grace.clamp(0, 600) as u64), |due| {
+            Duration::try_from(due.duration_since(Timestamp::now())).unwrap_or_default()
+        });
+        tokio::time::sleep(wait.min(Duration::from_secs(600))).await;
+    }
+    if running {
         let result = write_status(
             &shared,
             &pod,

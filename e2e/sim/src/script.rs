@@ -9,6 +9,7 @@ pub const DURATION_MS_ENV: &str = "AX_SIM_DURATION_MS";
 pub const EXIT_CODE_ENV: &str = "AX_SIM_EXIT_CODE";
 pub const MESSAGE_ENV: &str = "AX_SIM_MESSAGE";
 pub const HANG_ENV: &str = "AX_SIM_HANG";
+pub const IGNORE_SIGTERM_ENV: &str = "AX_SIM_IGNORE_SIGTERM";
 
 const DEFAULT_START: Duration = Duration::from_millis(50);
 const DEFAULT_DURATION: Duration = Duration::from_millis(100);
@@ -28,6 +29,9 @@ pub struct PodScript {
     pub run: RunLength,
     pub exit_code: i32,
     pub message: String,
+    /// `AX_SIM_IGNORE_SIGTERM=true`: a deleted pod keeps running for its whole grace period, as a
+    /// worker that ignores SIGTERM does on a real kubelet.
+    pub ignores_sigterm: bool,
 }
 
 /// A script and the env values that were ignored because they did not parse.
@@ -77,6 +81,8 @@ impl PodScript {
             .and_then(|var| var.value.clone())
             .unwrap_or_default();
         let hang = literal(HANG_ENV).is_some_and(|raw| raw.eq_ignore_ascii_case("true"));
+        let ignores_sigterm =
+            literal(IGNORE_SIGTERM_ENV).is_some_and(|raw| raw.eq_ignore_ascii_case("true"));
         let restarts_on_exit = match spec.and_then(|spec| spec.restart_policy.as_deref()) {
             Some("Never") => false,
             Some("OnFailure") => exit_code != 0,
@@ -94,6 +100,7 @@ impl PodScript {
                 run,
                 exit_code,
                 message,
+                ignores_sigterm,
             },
             ignored,
         }
@@ -126,6 +133,7 @@ mod tests {
                 run: RunLength::For(Duration::from_millis(100)),
                 exit_code: 0,
                 message: String::new(),
+                ignores_sigterm: false,
             }
         );
         assert!(parsed.ignored.is_empty());

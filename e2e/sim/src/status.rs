@@ -388,6 +388,7 @@ mod tests {
             run: RunLength::For(Duration::from_secs(1)),
             exit_code,
             message: message.into(),
+            ignores_sigterm: false,
         }
     }
 

@@ -4,7 +4,9 @@
 
 use serde_json::{Value, json};
 
-use crate::script::{DURATION_MS_ENV, EXIT_CODE_ENV, HANG_ENV, MESSAGE_ENV, START_MS_ENV};
+use crate::script::{
+    DURATION_MS_ENV, EXIT_CODE_ENV, HANG_ENV, IGNORE_SIGTERM_ENV, MESSAGE_ENV, START_MS_ENV,
+};
 
 /// Label of the simulated nodes (value `"true"`); a pod lands there only if it selects it.
 pub const SIM_NODE_LABEL: &str = "ax.dev/sim-node";
@@ -22,6 +24,7 @@ pub struct SimWorker {
     exit_code: Option<i32>,
     message: Option<String>,
     hang: bool,
+    ignores_sigterm: bool,
 }
 
 impl SimWorker {
@@ -58,6 +61,12 @@ impl SimWorker {
         self
     }
 
+    /// Keeps running through its whole deletion grace period, like a worker that ignores SIGTERM.
+    pub fn ignoring_sigterm(mut self) -> Self {
+        self.ignores_sigterm = true;
+        self
+    }
+
     /// The env of the first container (a list of EnvVar).
     pub fn env(&self) -> Value {
         let mut env = Vec::new();
@@ -76,6 +85,9 @@ impl SimWorker {
         }
         if self.hang {
             var(HANG_ENV, "true".into());
+        }
+        if self.ignores_sigterm {
+            var(IGNORE_SIGTERM_ENV, "true".into());
         }
         Value::Array(env)
     }
@@ -126,6 +138,7 @@ mod tests {
                 run: RunLength::For(Duration::from_millis(300)),
                 exit_code: 42,
                 message: "{\"error\":\"biz\"}".into(),
+                ignores_sigterm: false,
             }
         );
         assert_eq!(

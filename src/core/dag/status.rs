@@ -24,7 +24,16 @@ pub fn child_phase(child: &AxTask) -> TaskPhase {
     if rerun_waiting {
         return TaskPhase::Pending;
     }
-    phase_of(status.and_then(|s| s.phase))
+    match status {
+        // Terminal while its worker still stops (a canceled child): its dependents and the DAG's
+        // own end wait for it, as for a running child.
+        Some(s)
+            if s.phase.is_some_and(TaskPhase::is_terminal) && !crate::core::task::is_final(s) =>
+        {
+            TaskPhase::Running
+        }
+        _ => phase_of(status.and_then(|s| s.phase)),
+    }
 }
 
 pub fn phase_of(phase: Option<TaskPhase>) -> TaskPhase {

@@ -184,6 +184,14 @@ pub struct Decision {
     /// (`--progress-writes-per-second`), since an outcome carries it anyway. False when the
     /// progress write delay is zero: then every change is written at once.
     pub progress_only: bool,
+    /// The attempt whose pod this decision takes as gone because no cache shows it (the worker
+    /// gone, never created, or stopped): a label removed or a stale relist hides a pod that still
+    /// runs, so the controller asks the API server (`Inputs::pods` gets the pod if it exists) before
+    /// acting on it.
+    pub assumes_gone: Option<i32>,
+    /// A pod of a later attempt than the status knows beyond the next one exists: this status is
+    /// behind the task's (a cache that lags): nothing is decided until a newer version arrives.
+    pub behind: bool,
 }
 
 impl Decision {
@@ -198,6 +206,8 @@ impl Decision {
             requeue_after: None,
             write_by: None,
             progress_only: false,
+            assumes_gone: None,
+            behind: false,
         }
     }
 
@@ -274,10 +284,31 @@ impl Decision {
     }
 }
 
+/// Whether the task is finished for good: in a terminal phase and no worker of it may still run
+/// (its `WorkerTerminating` condition is not True). DESIGN §3: a Canceled task's worker is being
+/// stopped when the phase is written, and a Succeeded one's sidecars may still run; everything that
+/// acts on a task's end — callbacks, a DAG's dependents, an AxCron's `Forbid`, `kubectl ax wait` —
+/// waits for this, not for the phase alone.
+pub fn is_final(status: &AxTaskStatus) -> bool {
+    status.phase.is_some_and(TaskPhase::is_terminal)
+        && !status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::WORKER_TERMINATING && c.status == "True")
+}
+
 /// Decides what happens to a task now.
 pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
     let now = clock.now;
     let mut d = Decision::new(inputs.status);
+    if behind(inputs.status, inputs.pods) {
+        // Attempt n+2 exists only once a status said n+1: acting on this one could start a second
+        // worker beside it. The newer version of the task is on its way.
+        d.behind = true;
+        d.queue = QueueState::Holding;
+        d.requeue_after = Some(BEHIND_RETRY);
+        return d;
+    }
     d.status.observed_generation = inputs.generation;
     if let Some((result, message)) = inputs.callback {
         d.status = callback_outcome(&d.status, result, message, now);
@@ -290,6 +321,14 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
         };
         // The pod found of the next attempt was created with a slot granted: the grant is used.
         let dispatch = event == Event::Granted || (event == Event::NextPodFound && granted);
+        let absent = matches!(
+            event,
+            Event::WorkerGone | Event::PodNeverAppeared | Event::WorkersStopped
+        ) && d.status.attempt > 0
+            && current_pod(&d.status, inputs.pods).is_none();
+        if absent {
+            d.assumes_gone.get_or_insert(d.status.attempt);
+        }
         if !machine::step(&mut d, event, inputs, clock) {
             break;
         }
@@ -310,6 +349,15 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
         d.requeue_at(at, now);
     }
     d
+}
+
+/// How soon a decision on a status that is behind its pods ([`Decision::behind`]) looks again.
+pub const BEHIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Whether `status` is behind the task's pods: one of them is of an attempt past the next.
+pub fn behind(status: &AxTaskStatus, pods: &[WorkerState]) -> bool {
+    let next = status.attempt.saturating_add(1);
+    pods.iter().any(|p| p.attempt > next)
 }
 
 /// The history entries `later` has beyond `earlier` (history is append-only, its oldest entries
@@ -393,7 +441,7 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
         d.requeue_at(hard_at, now);
     }
 
-    stop_pods(d, inputs);
+    stop_pods(d, inputs, now);
 
     let fenced = fence(spec, &d.status, inputs.pods);
     let fenced_pod = fenced.first().map(|p| (p.name.clone(), p.attempt));
@@ -421,7 +469,8 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
             .conditions
             .iter()
             .any(|c| c.type_ == "CallbackDelivered");
-        if spec.callback.is_some() && !delivered {
+        // The callback reports the final status: sent once no worker of the task runs.
+        if spec.callback.is_some() && !delivered && fenced_pod.is_none() {
             d.actions.push(Action::SendCallback);
         }
         if let (Some(ttl), Some(finished)) = (spec.ttl_seconds_after_finished, d.status.finished_at)
@@ -441,17 +490,21 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
 /// Kills, as a level: every pod that should not run and may still run is deleted (again, with a
 /// shorter grace if it is being deleted with a longer one), and the outcome finalizer comes off
 /// every pod whose outcome can now be read.
-fn stop_pods(d: &mut Decision, inputs: &Inputs) {
+fn stop_pods(d: &mut Decision, inputs: &Inputs, now: Timestamp) {
     for pod in inputs.pods {
         let Some(uid) = pod.uid.clone() else {
             // Created a moment ago and not seen yet: it is handled once the cache shows it.
             continue;
         };
-        if pod.outcome_finalizer && (pod.main_finished() || pod.node.is_none()) {
-            d.actions.push(Action::RemoveFinalizer {
-                name: pod.name.clone(),
-                uid: uid.clone(),
-            });
+        if pod.outcome_finalizer && pod.deleting {
+            match outcome_release(pod, &d.status, now) {
+                Release::Now => d.actions.push(Action::RemoveFinalizer {
+                    name: pod.name.clone(),
+                    uid: uid.clone(),
+                }),
+                Release::At(at) => d.requeue_at(at, now),
+                Release::Keep => {}
+            }
         }
         if should_run(pod, &d.status) || !pod.is_running_phase() {
             continue;
@@ -474,6 +527,57 @@ fn stop_pods(d: &mut Decision, inputs: &Inputs) {
             grace_seconds: grace,
             keep_outcome: timed_out && !pod.outcome_finalizer && !pod.deleting,
         });
+    }
+}
+
+/// How long past its deletion's due time a pod whose worker may still report a late success keeps
+/// its outcome finalizer: a kubelet that answers at all confirms a deletion within seconds of it.
+pub const OUTCOME_WAIT_PAST_DELETION_SECONDS: i64 = 60;
+
+/// When the outcome finalizer comes off a pod being deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Release {
+    Now,
+    /// Not before then, unless the pod finishes or its node goes first.
+    At(Timestamp),
+    /// While the pod is read for the attempt in flight.
+    Keep,
+}
+
+/// The outcome finalizer of a pod being deleted comes off once `status` (the status written
+/// before the finalizer's removal) holds all the pod can tell: its attempt ended before (an older
+/// attempt, a retry scheduled, a terminal phase) or it is of an attempt never taken up. The current
+/// attempt's pod, Failed or TimedOut, may still report a late success: it keeps the finalizer until
+/// its main container finished, or until nothing will report on it again — never scheduled, its
+/// node gone, the deletion forced (grace 0: Kubernetes 1.20's pod GC for a deleted node, `kubectl
+/// delete --force`), or [`OUTCOME_WAIT_PAST_DELETION_SECONDS`] past its due time. While the attempt
+/// is in flight the pod is still read (the decision that saw the deletion has ended it already).
+fn outcome_release(pod: &WorkerState, status: &AxTaskStatus, now: Timestamp) -> Release {
+    let phase = status.phase;
+    if pod.attempt != status.attempt {
+        return Release::Now;
+    }
+    match phase {
+        Some(p) if p.has_worker() => Release::Keep,
+        Some(TaskPhase::Failed | TaskPhase::TimedOut) => {
+            let unreachable = pod.node.is_none()
+                || pod.node_gone
+                || pod.deletion_grace_seconds == Some(0)
+                || pod.main_finished();
+            match pod.deletion_due {
+                _ if unreachable => Release::Now,
+                Some(due) => {
+                    let at = observe::add_seconds(due, OUTCOME_WAIT_PAST_DELETION_SECONDS);
+                    if now >= at {
+                        Release::Now
+                    } else {
+                        Release::At(at)
+                    }
+                }
+                None => Release::Keep,
+            }
+        }
+        _ => Release::Now,
     }
 }
 

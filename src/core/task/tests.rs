@@ -1078,11 +1078,16 @@ fn callbacks_are_sent_until_their_outcome_is_recorded_and_ttl_waits_for_the_pods
     });
     s.ttl_seconds_after_finished = Some(0);
     let d = at(&s, &running(&s), &[sidecar_left(1, 0)], t(5));
-    assert!(d.actions.contains(&Action::SendCallback));
+    assert!(
+        !d.actions.contains(&Action::SendCallback),
+        "the callback reports the final status: once the pod stopped"
+    );
     assert!(
         !d.actions.contains(&Action::DeleteTask),
         "the pod still stops"
     );
+    let d = at(&s, &d.status, &[], t(6));
+    assert!(d.actions.contains(&Action::SendCallback));
     let d = decide_with(&s, &d.status, &[], t(6), |i| {
         i.callback = Some((CallbackResult::Delivered, "POST answered 200"))
     });
@@ -1304,6 +1309,7 @@ fn arb_pod(attempt: i32) -> impl Strategy<Value = WorkerState> {
                     phase,
                     deleting,
                     deletion_grace_seconds: grace.filter(|_| deleting),
+                    deletion_due: deleting.then(|| t(grace.unwrap_or(30))),
                     outcome_finalizer: finalizer,
                     finalizers: if finalizer {
                         vec![crate::core::worker::OUTCOME_FINALIZER.into()]
@@ -1312,6 +1318,7 @@ fn arb_pod(attempt: i32) -> impl Strategy<Value = WorkerState> {
                     },
                     node: scheduled.then(|| "node-a".to_string()),
                     node_ready,
+                    node_gone: false,
                     main,
                     restarts,
                     exit: exit.map(|exit_code| ContainerExit {
@@ -1599,7 +1606,7 @@ fn apply_actions(
     for a in &d.actions {
         match a {
             Action::CreatePod => {
-                let mut p = pod(status.attempt, Waiting);
+                let mut p = with_finalizer(pod(status.attempt, Waiting));
                 p.phase = PodPhase::Pending;
                 p.main = MainContainer::Waiting;
                 p.created_at = status.scheduled_at;
@@ -2087,4 +2094,132 @@ fn a_backlog_task_and_a_finished_one_are_settled_and_idle() {
     assert_eq!(idle.map(|i| i.queue), Some(QueueState::Done));
     // A running or retried task is not.
     assert!(Settled::of(&task_of(&s, &running(&s)), true).is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 24: the outcome finalizer on every worker, final vs terminal, pods the caches miss
+// ---------------------------------------------------------------------------------------------
+
+fn removes_finalizer(d: &Decision, attempt: i32) -> bool {
+    d.actions.contains(&Action::RemoveFinalizer {
+        name: pod_name(TASK, attempt),
+        uid: format!("uid-{attempt}"),
+    })
+}
+
+#[test]
+fn a_finished_worker_deleted_before_it_was_read_keeps_its_outcome_until_it_is_recorded() {
+    let s = spec();
+    // Pod GC (or a script) deleted the worker that exited 0; the finalizer kept it readable.
+    let gone_by_gc = with_finalizer(deleting(pod(1, Exited(0)), 0));
+    let d = at(&s, &running(&s), std::slice::from_ref(&gone_by_gc), t(5));
+    assert_eq!(d.status.phase, Some(Succeeded), "{:?}", path(&d));
+    assert_eq!(d.status.attempt, 1);
+    assert!(
+        removes_finalizer(&d, 1),
+        "released with the status that records it"
+    );
+
+    // Not being deleted: the finalizer stays, costing no write; the pod is inert.
+    let kept = with_finalizer(pod(1, Exited(0)));
+    let d = at(&s, &running(&s), std::slice::from_ref(&kept), t(5));
+    assert_eq!(d.status.phase, Some(Succeeded));
+    assert!(!removes_finalizer(&d, 1));
+    assert!(kept.is_inert());
+
+    // A pod of an earlier attempt, deleted: nothing more to read from it.
+    let mut status = running(&s);
+    status.attempt = 2;
+    let old = with_finalizer(deleting(pod(1, Exited(1)), 30));
+    let d = at(&s, &status, &[old], t(5));
+    assert!(removes_finalizer(&d, 1));
+}
+
+#[test]
+fn a_timed_out_worker_whose_node_is_lost_releases_its_finalizer_and_the_retry_goes_on() {
+    let s = spec();
+    let timed_out = at(&s, &running(&s), &[pod(1, Run)], t(600)).status;
+    assert_eq!(timed_out.phase, Some(TimedOut));
+    let killed = |grace: i64| {
+        let mut w = with_finalizer(deleting(pod(1, Run), grace));
+        w.deletion_due = Some(t(600 + grace));
+        w
+    };
+
+    // Kubernetes 1.20's pod GC force-deletes a deleted node's pod and leaves it "Running".
+    let d = at(&s, &timed_out, &[killed(0)], t(650));
+    assert!(removes_finalizer(&d, 1), "{:?}", d.actions);
+    // Its node gone from the cache, a graceful deletion will never be confirmed either.
+    let mut orphan = killed(10);
+    orphan.node_gone = true;
+    assert!(removes_finalizer(&at(&s, &timed_out, &[orphan], t(612)), 1));
+
+    // A kubelet that only answers slowly: the late success may still come, until a bound.
+    let waiting = at(&s, &timed_out, &[killed(10)], t(620));
+    assert!(!removes_finalizer(&waiting, 1));
+    assert!(
+        waiting.requeue_after <= Some(Duration::from_secs(50)),
+        "{:?}",
+        waiting.requeue_after
+    );
+    let overdue = at(
+        &s,
+        &timed_out,
+        &[killed(10)],
+        t(600 + 10 + OUTCOME_WAIT_PAST_DELETION_SECONDS),
+    );
+    assert!(removes_finalizer(&overdue, 1));
+
+    // Once the pod is gone the retry is decided.
+    let gone = at(&s, &timed_out, &[], t(700));
+    assert_eq!(gone.status.phase, Some(Pending));
+    assert_eq!(gone.assumes_gone, Some(1), "the API server is asked first");
+}
+
+#[test]
+fn a_canceled_task_is_final_and_calls_back_only_once_its_worker_is_gone() {
+    let mut s = spec();
+    s.callback = Some(CallbackSpec {
+        url: "http://cb.example/".into(),
+    });
+    let status = running(&s);
+    s.cancel = true;
+    let canceled = at(&s, &status, &[with_finalizer(pod(1, Run))], t(5));
+    assert_eq!(canceled.status.phase, Some(Canceled));
+    assert!(!is_final(&canceled.status), "its worker still runs");
+    assert!(!canceled.actions.contains(&Action::SendCallback));
+
+    let stopping = with_finalizer(deleting(pod(1, Run), 30));
+    let d = at(&s, &canceled.status, &[stopping], t(10));
+    assert!(!is_final(&d.status));
+    assert!(!d.actions.contains(&Action::SendCallback));
+
+    let stopped = at(&s, &canceled.status, &[], t(40));
+    assert!(is_final(&stopped.status));
+    assert!(stopped.actions.contains(&Action::SendCallback));
+    assert_eq!(stopped.status.phase, Some(Canceled));
+}
+
+#[test]
+fn a_pod_of_a_later_attempt_than_the_status_knows_holds_every_decision() {
+    let s = spec();
+    let status = running(&s);
+    let d = at(&s, &status, &[pod(1, Exited(1)), pod(3, Run)], t(5));
+    assert!(d.behind);
+    assert_eq!(d.status, status, "nothing decided");
+    assert!(d.actions.is_empty());
+    assert_eq!(d.queue, QueueState::Holding);
+    // The next attempt's own pod is not "later": it is taken up.
+    let d = at(&s, &status, &[pod(1, Exited(1)), pod(2, Run)], t(5));
+    assert!(!d.behind);
+}
+
+#[test]
+fn a_worker_missing_from_the_caches_is_asked_for_before_it_is_taken_as_gone() {
+    let s = spec();
+    let d = at(&s, &running(&s), &[], t(5));
+    assert_eq!(d.assumes_gone, Some(1));
+    // Seen: nothing to ask.
+    let d = at(&s, &running(&s), &[pod(1, Run)], t(5));
+    assert_eq!(d.assumes_gone, None);
 }
