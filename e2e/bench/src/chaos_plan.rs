@@ -20,6 +20,9 @@ pub enum Behavior {
     FailsRetryably,
     /// Runs past its hard timeout (simulated node, `AX_SIM_HANG`).
     HangsPastTimeout,
+    /// Runs past its hard timeout and ignores SIGTERM (simulated node, `AX_SIM_IGNORE_SIGTERM`):
+    /// its pod stays live for the whole grace period of its deletion.
+    SimIgnoresSigterm,
     /// Exits with `{"error":"biz"}`: Dead at once (simulated node).
     FailsNonRetryably,
     /// On the real kubelet: a shell that works this long.
@@ -60,8 +63,9 @@ pub const DAG_CHILDREN: usize = 50;
 
 /// `tasks` tasks, by the mix: 10 % failing retryably, 5 % ignoring SIGTERM, 5 % hanging
 /// past their hard timeout, 2 % non-retryable, the rest working 100 ms to 20 s; a few of the
-/// working ones (and all the SIGTERM-ignoring ones: only a real process can ignore it) on the real
-/// kubelet, at most `real_kubelet_max` in all, since it runs about one pod a second.
+/// working ones and the SIGTERM-ignoring ones on the real kubelet, at most `real_kubelet_max` in
+/// all, since it runs about one pod a second (beyond it, they run on a simulated node: the working
+/// ones as such, the SIGTERM-ignoring ones with the sim's `AX_SIM_IGNORE_SIGTERM`).
 pub fn tasks(seed: u64, tasks: usize, real_kubelet_max: usize) -> Vec<PlannedTask> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut on_real = 0;
@@ -81,10 +85,13 @@ pub fn tasks(seed: u64, tasks: usize, real_kubelet_max: usize) -> Vec<PlannedTas
                 },
             };
             if behavior.on_real_kubelet() {
-                if on_real >= real_kubelet_max {
-                    behavior = Behavior::HangsPastTimeout;
-                } else {
+                if on_real < real_kubelet_max {
                     on_real += 1;
+                } else {
+                    behavior = match behavior {
+                        Behavior::RealWorks { ms } => Behavior::Works { ms },
+                        _ => Behavior::SimIgnoresSigterm,
+                    };
                 }
             }
             PlannedTask {
@@ -102,10 +109,15 @@ fn work_ms(rng: &mut StdRng) -> u64 {
 }
 
 fn sim_spec(env: Vec<Value>) -> Value {
+    sim_spec_with_grace(env, 30)
+}
+
+fn sim_spec_with_grace(env: Vec<Value>, grace_seconds: i64) -> Value {
     json!({
         "metadata": {"labels": {BENCH_LABEL: BENCH_LABEL_VALUE}},
         "spec": {
             "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": grace_seconds,
             "nodeSelector": {SIM_NODE_KEY: "true"},
             "tolerations": [{"key": SIM_NODE_KEY, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{
@@ -154,6 +166,17 @@ pub fn task_spec(behavior: Behavior, queue: &str) -> Value {
         ),
         Behavior::HangsPastTimeout => (
             sim_spec(vec![start, env("AX_SIM_HANG", "true")]),
+            HANG_HARD_SECONDS,
+        ),
+        Behavior::SimIgnoresSigterm => (
+            sim_spec_with_grace(
+                vec![
+                    start,
+                    env("AX_SIM_HANG", "true"),
+                    env("AX_SIM_IGNORE_SIGTERM", "true"),
+                ],
+                IGNORE_SIGTERM_GRACE_SECONDS,
+            ),
             HANG_HARD_SECONDS,
         ),
         Behavior::FailsNonRetryably => (
@@ -378,6 +401,14 @@ mod tests {
         assert!((0.01..0.03).contains(&biz), "{biz}");
         let real = plan.iter().filter(|t| t.behavior.on_real_kubelet()).count();
         assert_eq!(real, 300);
+        // Beyond the real kubelet's share, SIGTERM is ignored on the simulated nodes.
+        let ignoring = share(|b| {
+            matches!(
+                b,
+                Behavior::RealIgnoresSigterm | Behavior::SimIgnoresSigterm
+            )
+        });
+        assert!((0.04..0.06).contains(&ignoring), "{ignoring}");
         for t in &plan {
             if let Behavior::Works { ms } = t.behavior {
                 assert!((100..=20_000).contains(&ms), "{ms}");
@@ -391,6 +422,7 @@ mod tests {
             Behavior::Works { ms: 100 },
             Behavior::FailsRetryably,
             Behavior::HangsPastTimeout,
+            Behavior::SimIgnoresSigterm,
             Behavior::FailsNonRetryably,
             Behavior::RealWorks { ms: 1500 },
             Behavior::RealIgnoresSigterm,
@@ -402,6 +434,21 @@ mod tests {
             let on_sim = spec["nodeSelector"][SIM_NODE_KEY] == "true";
             assert_eq!(on_sim, !behavior.on_real_kubelet(), "{behavior:?}");
         }
+        let ignoring = axtask("t", Behavior::SimIgnoresSigterm, "q");
+        let spec = &ignoring["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["terminationGracePeriodSeconds"],
+            IGNORE_SIGTERM_GRACE_SECONDS
+        );
+        let env = spec["containers"][0]["env"].as_array().unwrap();
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == "AX_SIM_IGNORE_SIGTERM" && e["value"] == "true")
+        );
+        assert_eq!(
+            ignoring["spec"]["timeout"]["hardSeconds"],
+            HANG_HARD_SECONDS
+        );
         let real = axtask("t", Behavior::RealWorks { ms: 1500 }, "q");
         assert_eq!(
             real["spec"]["template"]["spec"]["containers"][0]["command"][2],
