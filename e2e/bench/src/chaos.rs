@@ -71,11 +71,12 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
     }
     let since = jiff::Timestamp::now().to_string();
     let queues: Api<DynamicObject> = Api::all_with(client.clone(), &workload::axqueue_resource());
+    let mut axqueue = workload::axqueue(&queue, s.concurrency);
+    // No circuit breakers: whole types of the mix fail by design, and an open breaker would hold
+    // them (one probe every 30 s) until the drain runs out, testing the breaker, not the fencing.
+    axqueue["spec"]["circuitBreaker"] = json!({"windowSize": 0});
     queues
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(workload::axqueue(&queue, s.concurrency))?,
-        )
+        .create(&PostParams::default(), &serde_json::from_value(axqueue)?)
         .await
         .context("creating the AxQueue (are the CRDs installed?)")?;
     bench::create_namespace(client, &namespace).await?;
