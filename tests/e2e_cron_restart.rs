@@ -14,15 +14,46 @@ use ax::api::AxCron;
 use common::*;
 use cron_support::*;
 use jiff::Timestamp;
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use kube::ResourceExt;
 use kube::api::Api;
 
+/// An operator process of a test, killed when the test ends, passed or not: one left running
+/// would go on reconciling every namespace beside the next test's.
+struct Operator(Child);
+
+impl std::ops::Deref for Operator {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Operator {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        // Killed and reaped by the test already, or now.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// An operator of our own, without leader election (no lease to wait for after a SIGKILL: the
 /// point here is what the new process does with the state the old one left).
-fn start_operator(tag: &str) -> Child {
+fn start_operator(tag: &str) -> Operator {
+    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
+    start_operator_as(tag, &kubeconfig)
+}
+
+/// [`start_operator`] with the credentials of `kubeconfig`.
+fn start_operator_as(tag: &str, kubeconfig: &str) -> Operator {
     let bin = std::env::var("AX_OPERATOR_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
     let log_dir = repo_root().join("target/e2e");
     std::fs::create_dir_all(&log_dir).unwrap();
     let log = std::fs::OpenOptions::new()
@@ -30,7 +61,7 @@ fn start_operator(tag: &str) -> Child {
         .append(true)
         .open(log_dir.join("operator-cron-restart.log"))
         .unwrap();
-    Command::new(bin)
+    let child = Command::new(bin)
         .args(["--identity", tag])
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,ax=debug")
@@ -39,7 +70,8 @@ fn start_operator(tag: &str) -> Child {
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
-        .expect("start ax-operator")
+        .expect("start ax-operator");
+    Operator(child)
 }
 
 /// SIGTERM and wait: the operator shuts down the way a Deployment rollout stops it.
@@ -231,4 +263,298 @@ async fn sigkill_right_after_a_child_is_created_never_makes_a_second_child_for_i
         "{by_time:?}"
     );
     assert!(children.len() >= 4, "{:?}", children.keys());
+}
+
+/// An operator identity for one test: a ServiceAccount of its namespace bound to the operator's
+/// ClusterRole less what `withhold` takes out; [`Self::grant`] gives that back, in the namespace.
+/// The cluster-wide role and binding are deleted when it drops.
+struct Restricted {
+    namespace: String,
+    kubeconfig: tempfile::TempPath,
+}
+
+impl Restricted {
+    /// `withhold`: (resource, verb) pairs taken out of the operator's rules.
+    async fn new(client: &kube::Client, ns: &str, withhold: &[(&str, &str)]) -> Restricted {
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        let operator = roles
+            .get("ax-operator")
+            .await
+            .expect("the operator's ClusterRole");
+        let mut rules: Vec<PolicyRule> = Vec::new();
+        for rule in operator.rules.unwrap_or_default() {
+            let resources = rule.resources.clone().unwrap_or_default();
+            for resource in resources {
+                let verbs: Vec<String> = rule
+                    .verbs
+                    .iter()
+                    .filter(|verb| !withhold.contains(&(resource.as_str(), verb.as_str())))
+                    .cloned()
+                    .collect();
+                if !verbs.is_empty() {
+                    rules.push(PolicyRule {
+                        resources: Some(vec![resource.clone()]),
+                        verbs,
+                        ..rule.clone()
+                    });
+                }
+            }
+        }
+        let restricted = Restricted {
+            namespace: ns.to_owned(),
+            kubeconfig: tempfile::NamedTempFile::new().unwrap().into_temp_path(),
+        };
+        let name = restricted.cluster_name();
+        apply(
+            serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "operator", "namespace": ns}}),
+        );
+        apply(
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name}, "rules": rules}),
+        );
+        apply(
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns}]}),
+        );
+        let path = restricted.kubeconfig.to_str().unwrap().to_owned();
+        let ns_owned = ns.to_owned();
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new(repo_root().join("e2e/cluster.sh"))
+                .args(["sa-kubeconfig", &ns_owned, "operator", &path])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(out.status.success(), "sa-kubeconfig: {out:?}");
+        restricted
+    }
+
+    fn cluster_name(&self) -> String {
+        format!("e2e-{}-operator", self.namespace)
+    }
+
+    fn kubeconfig(&self) -> &str {
+        self.kubeconfig.to_str().unwrap()
+    }
+
+    /// Gives back, in the test's namespace only, what was withheld.
+    fn grant(&self, withheld: &[(&str, &str)]) {
+        let rules: Vec<serde_json::Value> = withheld
+            .iter()
+            .map(|(resource, verb)| {
+                serde_json::json!({"apiGroups": ["ax.dev"], "resources": [resource], "verbs": [verb]})
+            })
+            .collect();
+        apply(
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "withheld", "namespace": self.namespace}, "rules": rules}),
+        );
+        apply(
+            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "withheld", "namespace": self.namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "withheld"},
+            "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": self.namespace}]}),
+        );
+    }
+}
+
+impl Drop for Restricted {
+    fn drop(&mut self) {
+        let name = self.cluster_name();
+        run_kubectl(
+            &[
+                "delete",
+                "clusterrolebinding,clusterrole",
+                &name,
+                "--ignore-not-found",
+            ],
+            None,
+        );
+    }
+}
+
+fn apply(doc: serde_json::Value) {
+    let (ok, _, err) = run_kubectl(&["apply", "-f", "-"], Some(&doc.to_string()));
+    assert!(ok, "kubectl apply: {err}");
+}
+
+/// Any change of the cron wakes its reconcile (one refused waits 30 s otherwise).
+async fn touch(crons: &Api<AxCron>, name: &str) {
+    let patch = serde_json::json!({"metadata": {"annotations": {"e2e/touched": Timestamp::now().to_string()}}});
+    crons
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+}
+
+/// The cron's status cannot be written (RBAC refuses it, as an overloaded API server or a lost
+/// connection would fail it): before the fix each firing created its child, the write failed, the
+/// child ran and was deleted at once (`ttlSecondsAfterFinished: 0`), and the time fired again. The
+/// firing is written first now: nothing is created until it lands, then each time once.
+#[tokio::test]
+async fn a_failing_status_write_creates_nothing_and_no_time_fires_twice() {
+    const STATUS: [(&str, &str); 1] = [("axcrons/status", "patch")];
+    let client = client().await;
+    let ns = namespace(&client, "cron-unwritten").await;
+    let restricted = Restricted::new(&client, &ns, &STATUS).await;
+    let (audit, watch) = audit_children(&client, &ns);
+    let mut operator = start_operator_as("cron-unwritten", restricted.kubeconfig());
+    let mut task = sim_task(100, 0, false);
+    task["ttlSecondsAfterFinished"] = 0.into();
+    create_cron(
+        &client,
+        &ns,
+        &cron(
+            "ttl0",
+            serde_json::json!({
+                "schedule": "*/4 * * * * *",
+                "misfirePolicy": "RunAll",
+                "maxCatchUp": 3,
+                "successfulRunsHistoryLimit": 50,
+                "task": task,
+            }),
+        ),
+    )
+    .await;
+    // Four scheduled times with the status refused, each reconciled again and again: a refusal
+    // (403) waits 30 s, a transient failure (a 500, a timeout) 2 s; the touches stand for those
+    // retries and for the cron's other events.
+    let crons: Api<AxCron> = Api::namespaced(client.clone(), &ns);
+    let refused_until = Instant::now() + Duration::from_secs(17);
+    while Instant::now() < refused_until {
+        touch(&crons, "ttl0").await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let while_refused = audit.lock().unwrap().uids.clone();
+    for (name, uids) in &while_refused {
+        assert_eq!(
+            uids.len(),
+            1,
+            "{name} was created {} times while its firing could not be recorded",
+            uids.len()
+        );
+    }
+    assert!(
+        while_refused.is_empty(),
+        "children created while their firing could not be recorded: {while_refused:?}"
+    );
+
+    restricted.grant(&STATUS);
+    touch(&crons, "ttl0").await;
+    // Firings go on: at least four more children, each run and deleted by its TTL.
+    let deadline = Instant::now() + LONG;
+    loop {
+        let created = audit.lock().unwrap().uids.len();
+        if created >= 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {created} children after the status could be written"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Time for any second child of those times to show.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    sigkill(&mut operator);
+    watch.abort();
+    let uids = audit.lock().unwrap().uids.clone();
+    for (name, uids) in &uids {
+        assert_eq!(uids.len(), 1, "{name} was created {} times", uids.len());
+    }
+    let status = crons.get("ttl0").await.unwrap().status.unwrap();
+    let newest = uids
+        .keys()
+        .map(|n| n.rsplit('-').next().unwrap().parse::<i64>().unwrap())
+        .max()
+        .unwrap();
+    assert!(status.last_handled_time.unwrap().as_second() >= newest);
+}
+
+/// A firing recorded whose child could not be created (RBAC refuses the create, as it would be
+/// missing after a crash between the write and the create) is created once the create passes,
+/// even long after its time: it was decided and recorded in time.
+#[tokio::test]
+async fn a_recorded_firing_whose_create_failed_is_created_when_it_can_be() {
+    const CREATE: [(&str, &str); 1] = [("axtasks", "create")];
+    let client = client().await;
+    let ns = namespace(&client, "cron-heal").await;
+    let restricted = Restricted::new(&client, &ns, &CREATE).await;
+    let (audit, watch) = audit_children(&client, &ns);
+    let mut operator = start_operator_as("cron-heal", restricted.kubeconfig());
+    create_cron(
+        &client,
+        &ns,
+        &cron(
+            "heal",
+            serde_json::json!({
+                "schedule": "*/5 * * * * *",
+                "successfulRunsHistoryLimit": 50,
+                "task": sim_task(100, 0, false),
+            }),
+        ),
+    )
+    .await;
+    let crons: Api<AxCron> = Api::namespaced(client.clone(), &ns);
+    let recorded: AxCron = wait_for(&client, &ns, "heal", LONG, |c: &AxCron| {
+        c.status
+            .as_ref()
+            .is_some_and(|s| !s.pending_children.is_empty())
+    })
+    .await;
+    let recorded: Vec<String> = recorded
+        .status
+        .unwrap()
+        .pending_children
+        .iter()
+        .map(|p| p.name.clone())
+        .collect();
+    // Long past their times (and the 2.5 s tolerance of this schedule).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        audit.lock().unwrap().uids.is_empty(),
+        "created while refused"
+    );
+
+    restricted.grant(&CREATE);
+    touch(&crons, "heal").await;
+    let deadline = Instant::now() + LONG;
+    loop {
+        let missing: Vec<String> = {
+            let audit = audit.lock().unwrap();
+            recorded
+                .iter()
+                .filter(|n| !audit.uids.contains_key(*n))
+                .cloned()
+                .collect()
+        };
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "recorded firings never created: {missing:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_for(&client, &ns, "heal", LONG, |c: &AxCron| {
+        c.status
+            .as_ref()
+            .is_some_and(|s| s.pending_children.is_empty())
+    })
+    .await;
+    sigkill(&mut operator);
+    watch.abort();
+    let audit = audit.lock().unwrap();
+    for (name, uids) in &audit.uids {
+        assert_eq!(uids.len(), 1, "{name} was created {} times", uids.len());
+    }
 }

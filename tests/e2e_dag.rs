@@ -525,3 +525,37 @@ async fn two_hundred_tasks_on_sim_nodes_never_exceed_parallelism() {
         tally.max_at_once
     );
 }
+
+/// The operator keeps every AxDag whole in its cache: the API server refuses one of more than
+/// 500 tasks (naming the field), and takes one of exactly 500.
+#[tokio::test]
+async fn a_dag_of_more_than_five_hundred_tasks_is_refused() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-max").await;
+    let api: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    let dag = |name: &str, count: usize| -> AxDag {
+        let tasks: Vec<serde_json::Value> = (0..count)
+            .map(|i| serde_json::json!({"name": format!("t{i:03}"), "spec": sim_step(100)}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1",
+            "kind": "AxDag",
+            // Canceled from the start: none of the 500 needs to run.
+            "metadata": {"name": name},
+            "spec": {"cancel": true, "tasks": tasks},
+        }))
+        .expect("an AxDag")
+    };
+    let err = api
+        .create(&PostParams::default(), &dag("too-many", 501))
+        .await
+        .expect_err("a DAG of 501 tasks was accepted");
+    let message = err.to_string();
+    assert!(
+        message.contains("spec.tasks") && message.contains("500"),
+        "{message}"
+    );
+    api.create(&PostParams::default(), &dag("five-hundred", 500))
+        .await
+        .expect("a DAG of 500 tasks refused");
+}

@@ -491,6 +491,135 @@ async fn callbacks_to_the_inside_are_refused_without_a_connection() {
     server.abort();
 }
 
+/// Reads one HTTP request from `socket`: its body (after the headers, `content-length` bytes).
+async fn read_request(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut chunk).await.unwrap_or(0);
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(split) = text.find("\r\n\r\n") {
+            let len = text[..split]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                })
+                .unwrap_or(0);
+            if buf.len() >= split + 4 + len {
+                return text[split + 4..].to_string();
+            }
+        }
+        if n == 0 {
+            return String::new();
+        }
+    }
+}
+
+/// More callbacks than the operator delivers at once (64), to a receiver that holds each POST
+/// 3 s and answers the first two of every task 503: each delivery takes ~10 s, so without a bound
+/// nearly all of them are open at once. All arrive, never more than the bound at a time.
+#[tokio::test]
+async fn callbacks_beyond_the_delivery_limit_wait_their_turn_and_all_arrive() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    const TASKS: usize = 120;
+    const LIMIT: usize = 64;
+    let listener = tokio::net::TcpListener::bind((CALLBACK_RECEIVER_IP, 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let open = Arc::new(AtomicUsize::new(0));
+    let most_open = Arc::new(AtomicUsize::new(0));
+    // Task name -> POSTs received.
+    let posts: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let (o, m, p) = (open.clone(), most_open.clone(), posts.clone());
+    let server = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (o, m, p) = (o.clone(), m.clone(), p.clone());
+            tokio::spawn(async move {
+                let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                let body = read_request(&mut socket).await;
+                let name = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|b| b["metadata"]["name"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                let seen = {
+                    let mut posts = p.lock().unwrap();
+                    let n = posts.entry(name).or_default();
+                    *n += 1;
+                    *n
+                };
+                // Within the operator's 5 s request timeout.
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                let answer = if seen <= 2 {
+                    "503 Service Unavailable"
+                } else {
+                    "200 OK"
+                };
+                o.fetch_sub(1, Ordering::SeqCst);
+                let response =
+                    format!("HTTP/1.1 {answer}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+
+    let client = client().await;
+    let ns = namespace(&client, "callback-many").await;
+    let queue = common::queue::create_queue(
+        &client,
+        "callback-many",
+        serde_json::json!({"concurrency": TASKS}),
+    )
+    .await;
+    let url = format!("http://{CALLBACK_RECEIVER_IP}:{port}/ax-done");
+    let names: Vec<String> = (0..TASKS).map(|i| format!("cb-{i:03}")).collect();
+    for name in &names {
+        let task = sim_task_with(name, "callback", &SimWorker::running_for(200), |v| {
+            v["spec"]["queue"] = queue.name.clone().into();
+            v["spec"]["callback"] = serde_json::json!({"url": url});
+        });
+        create(&client, &ns, &task).await;
+    }
+    for name in &names {
+        let t = wait_task(&client, &ns, name, LONG, |t| {
+            t.status
+                .as_ref()
+                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CallbackDelivered"))
+        })
+        .await;
+        let s = t.status.unwrap();
+        let c = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "CallbackDelivered")
+            .unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "Delivered"),
+            "{name}: {c:?}"
+        );
+        assert!(c.message.contains("(attempt 3)"), "{name}: {}", c.message);
+    }
+    let posts = posts.lock().unwrap().clone();
+    for name in &names {
+        assert_eq!(posts.get(name), Some(&3), "{name}: POSTs received");
+    }
+    let most = most_open.load(Ordering::SeqCst);
+    assert!(
+        most <= LIMIT,
+        "{most} callbacks under way at once, the operator's limit is {LIMIT}"
+    );
+    server.abort();
+}
+
 #[tokio::test]
 async fn invalid_manifests_are_rejected_with_the_field_named() {
     let ns = namespace(&client().await, "invalid").await;

@@ -213,6 +213,48 @@ async fn a_timed_out_worker_on_a_deleted_node_is_retried_once_its_pod_is_gone() 
     assert_eq!(failure.kind, FailureKind::Timeout, "{failure:?}");
 }
 
+/// The Node object of a running worker is deleted while nothing reports on it, well inside the
+/// attempt's timeout: pod GC force-deletes the pod, still "Running". The task must not stay Running
+/// on a worker nobody can see: the attempt ends as an infrastructure failure once the pod is gone,
+/// and the next attempt starts.
+#[tokio::test]
+async fn a_running_worker_on_a_deleted_node_is_retried_as_infrastructure() {
+    let client = client().await;
+    let ns = namespace(&client, "node-lost").await;
+    let mut pool = SimPool::start(&client, "node-lost", 1, 10).await;
+    let mut template = pool.template(0);
+    template["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "AX_SIM_HANG", "value": "true"}));
+    let t = sim_task_with("stranded", "loss", &SimWorker::default(), |v| {
+        v["spec"]["template"] = template;
+        v["spec"]["timeout"] = json!({"hardSeconds": 3600});
+        v["spec"]["retry"] = json!({"maxRetries": 0,
+            "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0}});
+    });
+    create(&client, &ns, &t).await;
+    wait_phase(&client, &ns, "stranded", TaskPhase::Running, LONG).await;
+
+    pool.stop_simulator();
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .delete(&pool.nodes[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_pod_gone(&client, &ns, "stranded-1", Duration::from_secs(180)).await;
+    // maxRetries 0: only an infrastructure failure is retried.
+    let retried = wait_task(&client, &ns, "stranded", LONG, |t| {
+        t.status.as_ref().is_some_and(|s| s.attempt == 2)
+    })
+    .await;
+    let s = retried.status.clone().unwrap();
+    let failure = s.last_failure.clone().expect("attempt 1's failure");
+    assert_eq!(failure.attempt, 1);
+    assert_eq!(failure.kind, FailureKind::Infrastructure, "{failure:?}");
+    assert_eq!(s.retries, 0, "{s:#?}");
+}
+
 /// A canceled child whose worker ignores SIGTERM for its 10 s grace period: the task is Canceled at
 /// once, but it is final — and its DAG finished, and `kubectl ax wait` done — only once the worker
 /// is gone.

@@ -140,6 +140,18 @@ pub enum MisfirePolicy {
     RunAll,
 }
 
+/// A child recorded as fired, not yet known to exist.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingChild {
+    pub name: String,
+    #[schemars(schema_with = "date_time")]
+    pub scheduled_time: Timestamp,
+    /// For a missed time (its child is annotated `ax.dev/catch-up`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub catch_up: bool,
+}
+
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AxCronStatus {
@@ -167,6 +179,11 @@ pub struct AxCronStatus {
     /// How many children have not finished.
     #[serde(default)]
     pub active_count: i32,
+    /// Firings recorded whose children are not known to exist yet. A firing is written here (and
+    /// in `lastHandledTime`) before its child is created, and leaves once the create is answered:
+    /// a write that fails creates nothing, and a child missing after a restart is created then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_children: Vec<PendingChild>,
     /// `InvalidSpec` (the schedule, time zone or template cannot be used, and why) and
     /// `Suspended`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

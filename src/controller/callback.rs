@@ -24,6 +24,7 @@ use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::rt::TokioExecutor;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
 use super::{Ctx, TaskKey};
@@ -35,6 +36,13 @@ const ATTEMPTS: u32 = 4;
 const FIRST_DELAY: Duration = Duration::from_millis(500);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Deliveries under way at once. Each holds a connection for up to ~23 s (four attempts with
+/// backoff) to a receiver that may be slow or down: unbounded, a burst of finished tasks would open
+/// a socket and a task per callback. At this bound a receiver that answers only after its timeout
+/// still takes ~3 deliveries a second; the rest wait for a permit in order (tokio's semaphore is
+/// fair), off the reconcile path.
+const MAX_DELIVERIES: usize = 64;
+
 /// Reason of the `CallbackDelivered=False` condition and the Warning Event of a refused destination.
 pub const REASON_REFUSED: &str = "CallbackRefused";
 
@@ -45,6 +53,8 @@ pub struct Callbacks {
     in_flight: Mutex<HashSet<TaskKey>>,
     http: HttpClient<Https, Full<Bytes>>,
     allow: Arc<Allowlist>,
+    /// One permit per delivery under way ([`MAX_DELIVERIES`]).
+    permits: Semaphore,
 }
 
 /// How one delivery ended.
@@ -59,6 +69,11 @@ enum Outcome {
 impl Callbacks {
     /// `allow` admits destinations beyond public addresses (`--callback-allow`).
     pub fn new(allow: Allowlist) -> std::io::Result<Self> {
+        Self::with_limit(allow, MAX_DELIVERIES)
+    }
+
+    /// At most `deliveries` under way at once.
+    fn with_limit(allow: Allowlist, deliveries: usize) -> std::io::Result<Self> {
         let builder = match hyper_rustls::HttpsConnectorBuilder::new().with_native_roots() {
             Ok(builder) => builder,
             Err(e) => {
@@ -85,6 +100,7 @@ impl Callbacks {
             in_flight: Mutex::new(HashSet::new()),
             http: HttpClient::builder(TokioExecutor::new()).build(https),
             allow,
+            permits: Semaphore::new(deliveries),
         })
     }
 
@@ -92,14 +108,15 @@ impl Callbacks {
         self.in_flight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Delivers the callback in the background, once at a time per task.
+    /// Delivers the callback in the background, once at a time per task; it waits for a permit
+    /// while [`MAX_DELIVERIES`] are under way (the caller does not).
     pub fn send(&self, task: Arc<AxTask>, ctx: Ctx) {
         let key = super::task_key(task.as_ref());
         if !self.in_flight().insert(key.clone()) {
             return;
         }
         tokio::spawn(async move {
-            let outcome = ctx.callbacks.deliver(&task).await;
+            let outcome = ctx.callbacks.deliver_in_turn(&task).await;
             if let Outcome::Refused(message) = &outcome {
                 ctx.events
                     .publish(task.as_ref(), EventType::Warning, REASON_REFUSED, message);
@@ -113,6 +130,13 @@ impl Callbacks {
             ctx.callbacks.in_flight().remove(&key);
             ctx.wake(&key);
         });
+    }
+
+    /// [`Self::deliver`] once a permit is free.
+    async fn deliver_in_turn(&self, task: &AxTask) -> Outcome {
+        // Never closed, so acquiring fails only if it were.
+        let _permit = self.permits.acquire().await;
+        self.deliver(task).await
     }
 
     async fn deliver(&self, task: &AxTask) -> Outcome {
@@ -291,6 +315,56 @@ mod tests {
             .await;
         assert!(matches!(outcome, Outcome::Delivered(_)), "{outcome:?}");
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn deliveries_beyond_the_limit_wait_their_turn_and_all_arrive() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // Holds every request 300 ms, counting those open at once.
+        let listener = TcpListener::bind(("127.0.0.2", 0)).await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (open, most, answered) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (o, m, a) = (open.clone(), most.clone(), answered.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let (o, m, a) = (o.clone(), m.clone(), a.clone());
+                tokio::spawn(async move {
+                    let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    let mut buf = [0u8; 4096];
+                    let _ = socket.read(&mut buf).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    o.fetch_sub(1, Ordering::SeqCst);
+                    a.fetch_add(1, Ordering::SeqCst);
+                    let _ = socket.write_all(OK.as_bytes()).await;
+                });
+            }
+        });
+        let callbacks = Arc::new(
+            Callbacks::with_limit(Allowlist::parse(["127.0.0.2/32"]).expect("allowlist"), 3)
+                .expect("client"),
+        );
+        let url = format!("http://{addr}/done");
+        let deliveries: Vec<_> = (0..10)
+            .map(|_| {
+                let (callbacks, task) = (callbacks.clone(), task_calling(&url));
+                tokio::spawn(async move { callbacks.deliver_in_turn(&task).await })
+            })
+            .collect();
+        for delivery in deliveries {
+            let outcome = delivery.await.expect("delivery");
+            assert!(matches!(outcome, Outcome::Delivered(_)), "{outcome:?}");
+        }
+        assert_eq!(answered.load(Ordering::SeqCst), 10);
+        let most = most.load(Ordering::SeqCst);
+        assert!(
+            most <= 3,
+            "{most} deliveries under way at once, the limit is 3"
+        );
     }
 
     #[tokio::test]

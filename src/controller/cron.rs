@@ -1,17 +1,19 @@
 //! The AxCron reconciler: read the cron and its children (AxTasks and AxDags labelled
-//! `ax.dev/cron`) from the caches, decide with `core::cron`, then cancel (Replace), create the
-//! children due (`<cron>-<scheduled unix time>`), delete those beyond the history limits, and
-//! write the status. Woken by the cron, by its children, and by a timer at the next firing.
+//! `ax.dev/cron`) from the caches, decide with `core::cron`, write the status (the firings first,
+//! as `pendingChildren`), then cancel (Replace), create the children due
+//! (`<cron>-<scheduled unix time>`) and delete those beyond the history limits. Woken by the cron,
+//! by its children, and by a timer at the next firing.
 //!
-//! Idempotent across restarts and failover: a child's name is its scheduled time, so a time
-//! fired twice (a status write lost after the create) meets the existing child (409) and the
-//! cache, and never makes a second one.
+//! Idempotent across restarts and failover: a firing is recorded before its child exists, so a
+//! failed write creates nothing and a time is never decided twice, even when its child is gone
+//! already (a TTL of 0); a child's name is its scheduled time, so a recorded firing created again
+//! after a crash meets the existing child (409).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -24,15 +26,17 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::events::Events;
+use super::owner_index::OwnerIndex;
 use super::write::{ApiError, api_message};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
     ANNOTATION_CATCH_UP, AxCron, AxCronStatus, AxDag, AxTask, Condition, DagPhase, LABEL_CRON,
-    LABEL_SCHEDULED_TIME, TaskPhase,
+    LABEL_SCHEDULED_TIME, PendingChild, TaskPhase,
 };
 use crate::core::cron::{
     self as core, Child, Decision, Finished, Policy, Schedule, Skip, SkipReason,
 };
+use crate::core::task::is_final;
 use crate::ops::metrics::Metrics;
 
 /// The `controller` label of the reconcile metrics.
@@ -56,6 +60,9 @@ pub struct CronContext {
     pub tasks: Store<AxTask>,
     /// AxDags labelled `ax.dev/cron`.
     pub dags: Store<AxDag>,
+    /// `tasks` and `dags` by the uid of their controller.
+    pub tasks_by_owner: Arc<OwnerIndex>,
+    pub dags_by_owner: Arc<OwnerIndex>,
     pub metrics: Arc<Metrics>,
     expected: Mutex<Expected>,
 }
@@ -70,15 +77,21 @@ type Expected = HashMap<String, HashMap<String, (Timestamp, Instant)>>;
 pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let crons: Api<AxCron> = Api::all(client.clone());
     let (tasks, tasks_writer) = reflector::store();
+    let tasks_by_owner = Arc::new(OwnerIndex::default());
+    let index = tasks_by_owner.clone();
     let task_events = reflector::reflector(
         tasks_writer,
-        cache::task_watch(client.clone(), Some(LABEL_CRON), None, None),
+        cache::task_watch(client.clone(), Some(LABEL_CRON), None, None)
+            .inspect_ok(move |event| index.apply(event)),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();
+    let dags_by_owner = Arc::new(OwnerIndex::default());
+    let index = dags_by_owner.clone();
     let dag_events = reflector::reflector(
         dags_writer,
-        readable::watch::<AxDag>(client.clone(), Some(LABEL_CRON), None),
+        readable::watch::<AxDag>(client.clone(), Some(LABEL_CRON), None)
+            .inspect_ok(move |event| index.apply(event)),
     )
     .touched_objects();
     let controller = Controller::new(crons, watcher::Config::default().any_semantic())
@@ -91,6 +104,8 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
         events,
         tasks,
         dags,
+        tasks_by_owner,
+        dags_by_owner,
         metrics,
         expected: Mutex::new(HashMap::new()),
     });
@@ -178,17 +193,18 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
     } else {
         ChildKind::Task
     };
+    let recorded: Vec<core::Firing> = before.pending_children.iter().map(firing_of).collect();
     let mut children = owned_children(&cron, &uid, &ctx);
-    add_expected(&uid, kind, &mut children, &ctx);
+    add_expected(&uid, kind, &recorded, &mut children, &ctx);
 
     let (schedule, policy) = match validate(&cron, &uid) {
         Ok(valid) => valid,
         Err(message) => {
-            let status = status_with(&cron, &before, &children, None, Some(&message));
+            let status = status_with(&cron, &before, &children, None, Some(&message), &recorded);
             if !condition_is(&before, "InvalidSpec", "True", &message) {
                 publish(&cron, EventType::Warning, "InvalidSpec", &message, &ctx);
             }
-            write_status(&cron, &before, &status, &ctx).await?;
+            write_status(&cron, &before, &status, false, &ctx).await?;
             return Ok(Requeue::await_change());
         }
     };
@@ -198,7 +214,11 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
         .or(before.last_schedule_time)
         .or_else(|| cron.metadata.creation_timestamp.as_ref().map(|t| t.0))
         .unwrap_or(now);
-    let core_children: Vec<Child> = children
+    let present: HashSet<String> = children.iter().map(|c| c.name.clone()).collect();
+    let is_present = |name: &str| present.contains(name);
+    // A recorded firing whose child was never created counts as its (active) child: it is
+    // created below, after the status write, and no later decision fires its time again.
+    let mut core_children: Vec<Child> = children
         .iter()
         .map(|c| Child {
             name: c.name.clone(),
@@ -206,6 +226,15 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
             active: c.outcome == Outcome::Active,
         })
         .collect();
+    core_children.extend(
+        core::recorded_missing(&recorded, is_present)
+            .into_iter()
+            .map(|f| Child {
+                name: f.name.clone(),
+                scheduled: f.scheduled,
+                active: true,
+            }),
+    );
     let decision = core::decide(&core::Input {
         cron: &cron.name_any(),
         schedule: &schedule,
@@ -214,28 +243,38 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
         now,
         children: &core_children,
     });
+    let create = core::to_create(&recorded, is_present, &decision);
+    for firing in &create {
+        children.push(ChildState {
+            name: firing.name.clone(),
+            scheduled: firing.scheduled,
+            kind,
+            outcome: Outcome::Active,
+            canceling: false,
+        });
+    }
+    children.sort_by(|a, b| a.scheduled.cmp(&b.scheduled).then(a.name.cmp(&b.name)));
 
-    if !decision.create.is_empty() && !is_latest(&cron, &ctx).await? {
-        // A copy behind the cron's own last status write would fire a time again, and a child
-        // of that time deleted meanwhile (its TTL, the history limit) would then run twice.
-        debug!("cron cache behind the API server; deciding again on the newer version");
+    // Status before children: the firings (lastHandledTime, and the children as pending) are
+    // written first, conditional on the resourceVersion this decision read (even when the status
+    // is unchanged, as when only re-creating a recorded child), and children are created only once
+    // that lands. A decision on a stale copy (behind the cron's own last write, whose child may be
+    // deleted by now: its TTL, the history limit) then conflicts instead of firing a time twice,
+    // and a write that fails leaves nothing created.
+    let status = status_with(&cron, &before, &children, Some(&decision), None, &create);
+    if !write_status(&cron, &before, &status, !create.is_empty(), &ctx).await? {
+        // A newer version of the cron is on its way; decide again on it.
         return Ok(Requeue::requeue(Duration::from_secs(1)));
     }
     cancel_replaced(&cron, &decision, &children, &ctx).await?;
-    for firing in &decision.create {
+    let mut answered: HashSet<String> = HashSet::new();
+    for firing in &create {
         match create_child(&cron, &uid, firing, &ctx).await? {
             Created::Yes => {
                 ctx.expected()
                     .entry(uid.clone())
                     .or_default()
                     .insert(firing.name.clone(), (firing.scheduled, Instant::now()));
-                children.push(ChildState {
-                    name: firing.name.clone(),
-                    scheduled: firing.scheduled,
-                    kind,
-                    outcome: Outcome::Active,
-                    canceling: false,
-                });
                 publish_fired(&cron, &schedule, firing, &ctx);
             }
             Created::Existed => {}
@@ -243,25 +282,40 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
                 publish(&cron, EventType::Warning, "CreateFailed", &message, &ctx);
             }
         }
+        answered.insert(firing.name.clone());
     }
     for skip in &decision.skipped {
         publish_skip(&cron, &schedule, &policy, skip, &ctx);
     }
+    // Answered: off the pending list (the next write would drop them too, but it may conflict).
+    confirm_pending(&cron, &status.pending_children, &answered, &ctx).await;
     delete_beyond_history(&cron, &mut children, &ctx).await?;
 
-    let status = status_with(&cron, &before, &children, Some(&decision), None);
-    let written = write_status(&cron, &before, &status, &ctx).await?;
     Ok(match decision.wake_at {
-        Some(wake_at) if written => {
+        Some(wake_at) => {
             let wait = wake_at.duration_since(Timestamp::now());
             // A little after the firing time, never a busy loop just before it.
             let wait = Duration::try_from(wait).unwrap_or_default() + Duration::from_millis(20);
             Requeue::requeue(wait.min(MAX_SLEEP))
         }
-        // The write conflicted: a newer version of the cron is on its way; look again soon.
-        Some(_) => Requeue::requeue(Duration::from_secs(1)),
         None => Requeue::await_change(),
     })
+}
+
+fn firing_of(pending: &PendingChild) -> core::Firing {
+    core::Firing {
+        scheduled: pending.scheduled_time,
+        name: pending.name.clone(),
+        catch_up: pending.catch_up,
+    }
+}
+
+fn pending_of(firing: &core::Firing) -> PendingChild {
+    PendingChild {
+        name: firing.name.clone(),
+        scheduled_time: firing.scheduled,
+        catch_up: firing.catch_up,
+    }
 }
 
 impl CronContext {
@@ -273,12 +327,17 @@ impl CronContext {
 }
 
 /// The children of this cron in the caches: AxTasks and AxDags in its namespace whose controller
-/// is this cron (by uid, so the children of an older cron of the same name do not count).
+/// is this cron (by uid, so the children of an older cron of the same name do not count). Looked
+/// up through the owner indexes: a reconcile reads its own children, not every cron's.
 fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
     let namespace = cron.namespace();
     let prefix = format!("{}-", cron.name_any());
     let mut children = Vec::new();
-    for task in ctx.tasks.state() {
+    let tasks = ctx.tasks_by_owner.children_of(uid);
+    for task in tasks
+        .iter()
+        .filter_map(|key| ctx.tasks.get(&key.object_ref()))
+    {
         if task.namespace() != namespace || !is_controlled_by(task.as_ref(), uid) {
             continue;
         }
@@ -286,7 +345,14 @@ fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
             continue;
         };
         let phase = task.status.as_ref().and_then(|s| s.phase);
+        // Terminal while its worker still stops (a canceled or replaced child): active, so
+        // `Forbid` does not start the next child beside that worker.
+        let stopping = task
+            .status
+            .as_ref()
+            .is_some_and(|s| phase.is_some_and(TaskPhase::is_terminal) && !is_final(s));
         let outcome = match phase {
+            _ if stopping => Outcome::Active,
             Some(TaskPhase::Succeeded) => {
                 Outcome::Succeeded(task.status.as_ref().and_then(|s| s.finished_at))
             }
@@ -301,7 +367,11 @@ fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
             canceling: task.spec.cancel,
         });
     }
-    for dag in ctx.dags.state() {
+    let dags = ctx.dags_by_owner.children_of(uid);
+    for dag in dags
+        .iter()
+        .filter_map(|key| ctx.dags.get(&key.object_ref()))
+    {
         if dag.namespace() != namespace || !is_controlled_by(dag.as_ref(), uid) {
             continue;
         }
@@ -329,19 +399,44 @@ fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
 }
 
 /// Adds the children created by this process that the caches have not shown yet (as active),
-/// forgetting those the caches now show and those too old (of every cron).
-fn add_expected(uid: &str, kind: ChildKind, children: &mut Vec<ChildState>, ctx: &CronCtx) {
+/// forgetting those the caches now show and those too old (of every cron). One still `recorded`
+/// as pending is kept (and added when the cache shows it) until the pending list drops it: had it
+/// vanished meanwhile (a TTL of 0), it would look never created, and be created again.
+fn add_expected(
+    uid: &str,
+    kind: ChildKind,
+    recorded: &[core::Firing],
+    children: &mut Vec<ChildState>,
+    ctx: &CronCtx,
+) {
     let mut expected = ctx.expected();
     let now = Instant::now();
     expected.retain(|cron_uid, names| {
+        let own = cron_uid == uid;
         names.retain(|name, (_, created)| {
-            let seen = cron_uid == uid && children.iter().any(|c| &c.name == name);
+            if own && recorded.iter().any(|f| &f.name == name) {
+                return true;
+            }
+            let seen = own && children.iter().any(|c| &c.name == name);
             !seen && now.duration_since(*created) < EXPECTATION_TTL
         });
         !names.is_empty()
     });
+    // Seen while pending (after a restart, created by the process before): kept the same way.
+    for firing in recorded {
+        if children.iter().any(|c| c.name == firing.name) {
+            expected
+                .entry(uid.to_owned())
+                .or_default()
+                .entry(firing.name.clone())
+                .or_insert((firing.scheduled, now));
+        }
+    }
     if let Some(names) = expected.get(uid) {
         for (name, (scheduled, _)) in names {
+            if children.iter().any(|c| &c.name == name) {
+                continue;
+            }
             children.push(ChildState {
                 name: name.clone(),
                 scheduled: *scheduled,
@@ -621,6 +716,7 @@ fn status_with(
     children: &[ChildState],
     decision: Option<&Decision>,
     invalid: Option<&str>,
+    pending: &[core::Firing],
 ) -> AxCronStatus {
     let generation = cron.metadata.generation;
     let active: Vec<String> = children
@@ -671,6 +767,7 @@ fn status_with(
         next_schedule_time: decision.and_then(|d| d.next_schedule_time),
         active_count: i32::try_from(active.len()).unwrap_or(i32::MAX),
         active,
+        pending_children: pending.iter().map(pending_of).collect(),
         conditions,
         observed_generation: generation,
     }
@@ -709,28 +806,60 @@ fn condition(
     }
 }
 
-/// Whether `cron` is the API server's latest version (a consistent read, not the watch cache): a
-/// firing is a side effect no later write can take back, so it is decided on the latest status.
-async fn is_latest(cron: &AxCron, ctx: &CronCtx) -> Result<bool> {
-    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+/// Clears `status.pendingChildren`, as `written` just before, once every one of them was
+/// `answered` (created, found, or refused for good). A JSON patch that tests the list is still
+/// `written`, not the resourceVersion, so a change elsewhere in the cron does not stop it. Only
+/// ever a removal: a list left in part would belong to this Update, not to the next apply, which
+/// could then not drop it. A failure (or a create not answered) leaves the list to the next status
+/// write, which drops the children it sees.
+async fn confirm_pending(
+    cron: &AxCron,
+    written: &[PendingChild],
+    answered: &HashSet<String>,
+    ctx: &CronCtx,
+) {
+    if written.is_empty() || !written.iter().all(|p| answered.contains(&p.name)) {
+        return;
+    }
+    let Some(namespace) = cron.namespace() else {
+        return;
+    };
+    let path = "/status/pendingChildren";
+    let ops = serde_json::json!([
+        {"op": "test", "path": path, "value": written},
+        {"op": "remove", "path": path},
+    ]);
+    let patch: json_patch::Patch = match serde_json::from_value(ops) {
+        Ok(patch) => patch,
+        Err(e) => {
+            warn!(error = %e, "pending children patch");
+            return;
+        }
+    };
     let api: Api<AxCron> = Api::namespaced(ctx.client.clone(), &namespace);
-    let latest = api
-        .get_opt(&cron.name_any())
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    if let Err(e) = api
+        .patch_status(&cron.name_any(), &params, &Patch::<()>::Json(patch))
         .await
-        .map_err(|e| Error::Read("the cron", e))?;
-    Ok(latest.is_some_and(|latest| latest.resource_version() == cron.resource_version()))
+    {
+        debug!(error = %e, "pending children left for the next status write");
+    }
 }
 
-/// Writes the status if it changed: server-side apply under the operator's field manager,
-/// conditional on the resourceVersion so a decision taken on a stale copy never overwrites newer
-/// state. Returns false when it conflicted (or the cron is gone).
+/// Writes the status if it changed (or `always`): server-side apply under the operator's field
+/// manager, conditional on the resourceVersion so a decision taken on a stale copy never
+/// overwrites newer state, nor acts on it. Returns false when it conflicted (or the cron is gone).
 async fn write_status(
     cron: &AxCron,
     before: &AxCronStatus,
     status: &AxCronStatus,
+    always: bool,
     ctx: &CronCtx,
 ) -> Result<bool> {
-    if before == status {
+    if before == status && !always {
         return Ok(true);
     }
     let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
@@ -984,7 +1113,14 @@ mod tests {
             last_successful_time: Some(t(120)),
             ..Default::default()
         };
-        let status = status_with(&c, &before, &children, Some(&Decision::default()), None);
+        let status = status_with(
+            &c,
+            &before,
+            &children,
+            Some(&Decision::default()),
+            None,
+            &[],
+        );
         assert_eq!(status.active, ["c-200"]);
         assert_eq!(status.active_count, 1);
         assert_eq!(status.last_schedule_time, Some(t(200)));
@@ -995,7 +1131,7 @@ mod tests {
             .find(|c| c.type_ == "Suspended")
             .unwrap();
         assert_eq!(suspended.status, "True");
-        let invalid = status_with(&c, &before, &children, None, Some("bad"));
+        let invalid = status_with(&c, &before, &children, None, Some("bad"), &[]);
         let condition = invalid
             .conditions
             .iter()

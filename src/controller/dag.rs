@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -20,6 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::events::Events;
+use super::owner_index::OwnerIndex;
 use super::write::{self, ApiError};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
@@ -51,6 +52,8 @@ pub struct DagContext {
     pub events: Events,
     /// Every AxTask labelled `ax.dev/dag`.
     pub children: Store<AxTask>,
+    /// `children` by the uid of their controller.
+    pub children_by_owner: Arc<OwnerIndex>,
     pub metrics: Arc<Metrics>,
     expected: Mutex<Expectations>,
 }
@@ -111,11 +114,14 @@ const CONTROLLER: &str = "axdag";
 /// Runs the AxDag controller until a shutdown signal.
 pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let (children, children_writer) = reflector::store();
+    let children_by_owner = Arc::new(OwnerIndex::default());
+    let index = children_by_owner.clone();
     let child_events = reflector::reflector(
         children_writer,
         // From the watch cache, stripped like the task controller's copies (see `cache`). An
         // unreadable child is reported by the task controller's watch.
-        cache::task_watch(client.clone(), Some(LABEL_DAG), None, None),
+        cache::task_watch(client.clone(), Some(LABEL_DAG), None, None)
+            .inspect_ok(move |event| index.apply(event)),
     )
     .touched_objects();
     let (dags, dags_writer) = reflector::store();
@@ -136,6 +142,7 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
         client,
         events,
         children,
+        children_by_owner,
         metrics,
         expected: Mutex::new(Expectations::default()),
     });
@@ -294,13 +301,15 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
 }
 
 /// The children of this DAG in the cache, by task name: AxTasks in its namespace whose controller
-/// is this DAG (by uid, so the children of an older DAG of the same name do not count).
+/// is this DAG (by uid, so the children of an older DAG of the same name do not count). Looked up
+/// through the owner index: a reconcile reads its own children, not every DAG's.
 fn owned_children(dag: &AxDag, uid: &str, ctx: &DagCtx) -> HashMap<String, Arc<AxTask>> {
     let namespace = dag.namespace();
     let prefix = format!("{}-", dag.name_any());
-    ctx.children
-        .state()
-        .into_iter()
+    ctx.children_by_owner
+        .children_of(uid)
+        .iter()
+        .filter_map(|key| ctx.children.get(&key.object_ref()))
         .filter(|child| child.namespace() == namespace && is_controlled_by(child, uid))
         .filter_map(|child| {
             let task = match child.labels().get(LABEL_DAG_TASK) {

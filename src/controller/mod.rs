@@ -6,7 +6,8 @@
 //! - `dispatch`: asks the queues which tasks go next and wakes their reconciles.
 //! - `queue`: the AxQueue watcher, the queue status loop, the `default` queue, queue Events.
 //! - `namespace`: the Namespace watcher, for the queues' `namespaceSelector`.
-//! - `dag`: the AxDag reconciler. `callback`: delivery of `spec.callback`.
+//! - `dag`: the AxDag reconciler. `cron`: the AxCron reconciler. `owner_index`: their children by
+//!   owner uid. `callback`: delivery of `spec.callback`.
 //! - `write`: every status write and the reading of API status codes.
 //! - `run`: the wiring.
 
@@ -18,7 +19,7 @@ pub mod dispatch;
 pub mod events;
 pub mod list_watch;
 pub mod namespace;
-pub mod pod_index;
+pub mod owner_index;
 pub mod queue;
 pub mod readable;
 pub mod run;
@@ -190,8 +191,9 @@ pub struct Context {
     /// The templates of tasks just delivered, for a dispatch that builds its pod at once.
     pub fresh: Arc<cache::FreshTemplates>,
     pub pods: Store<Pod>,
-    /// Every pod of each task, by the task's uid (`pod_index`).
-    pub pods_by_task: Arc<pod_index::PodsByTask>,
+    /// Every pod of each task, by the task's uid: a task's reconcile sees the pods of every
+    /// attempt it owns, not only those its status knows (see `task::pods_named`).
+    pub pods_by_task: Arc<owner_index::OwnerIndex>,
     pub nodes: Store<Node>,
     pub queue_store: Store<AxQueue>,
     /// Namespaces, metadata only: their labels decide which tasks a queue admits.

@@ -18,7 +18,7 @@ use tracing::info;
 
 use super::callback::Callbacks;
 use super::events::Events;
-use super::pod_index::PodsByTask;
+use super::owner_index::OwnerIndex;
 use super::{Context, Queues, Tracking, cache, dispatch, namespace, queue, readable, task};
 use crate::api::AxQueue;
 use crate::core::worker::LABEL_TASK;
@@ -55,7 +55,7 @@ pub async fn run(
     let (tasks, tasks_writer) = reflector::store();
     let (pods, pods_writer) = reflector::store();
     let (unowned_tasks, unowned_client) = (tasks.clone(), client.clone());
-    let pods_by_task = Arc::new(PodsByTask::default());
+    let pods_by_task = Arc::new(OwnerIndex::default());
     let indexed = pods_by_task.clone();
     let pod_events = reflector::reflector(
         pods_writer,

@@ -282,7 +282,7 @@ fn offer(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) -> bool {
     }
 }
 
-/// Every pod this task owns, of any attempt (`pod_index`), plus the pod just created and not yet
+/// Every pod this task owns, of any attempt (`Context::pods_by_task`), plus the pod just created and not yet
 /// in the cache. A pod of the next attempt exists when it was created beside a status write that
 /// did not land (a conflict, or the operator stopped in between): the core takes the attempt up
 /// with it, or stops it if the task may not start now. A pod of a later attempt says this status is
@@ -298,10 +298,10 @@ fn pods_of(task: &AxTask, key: &TaskKey, ctx: &Ctx) -> Vec<WorkerState> {
 fn pods_named(key: &TaskKey, uid: &str, ctx: &Ctx) -> Vec<WorkerState> {
     let mut pods: Vec<WorkerState> = ctx
         .pods_by_task
-        .pods_of(uid)
+        .children_of(uid)
         .into_iter()
-        .filter_map(|(_, name)| {
-            let pod = ctx.pods.get(&ObjectRef::<Pod>::new(&name).within(&key.0))?;
+        .filter_map(|child| {
+            let pod = ctx.pods.get(&child.object_ref::<Pod>())?;
             // A pod of that name owned by another object (an older task of the same name) is not
             // ours; the index and the cache may be a moment apart.
             pod.owner_references()
@@ -310,6 +310,7 @@ fn pods_named(key: &TaskKey, uid: &str, ctx: &Ctx) -> Vec<WorkerState> {
                 .then(|| observe_pod(&pod, ctx))
         })
         .collect();
+    pods.sort_by_key(|p| p.attempt);
     let seen = |n: i32| pods.iter().any(|p| p.attempt == n);
     if let Some((name, n, created_at)) = ctx.tracking.expected_pod(key, seen) {
         pods.push(worker::expected(&name, n, created_at));

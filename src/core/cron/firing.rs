@@ -391,6 +391,36 @@ pub fn decide(input: &Input) -> Decision {
     decision
 }
 
+/// The firings recorded earlier (`status.pendingChildren`, written before their children were
+/// created) whose children are not `present`: never created, because the process stopped between
+/// the write and the create or the create failed. They count as active children of their times.
+pub fn recorded_missing(recorded: &[Firing], present: impl Fn(&str) -> bool) -> Vec<&Firing> {
+    recorded.iter().filter(|f| !present(&f.name)).collect()
+}
+
+/// The children to create once the status that records them is written (it records exactly
+/// these as pending): the [`recorded_missing`] ones, then `decision`'s new firings, oldest first,
+/// each once. A recorded one that `Replace` cancels now (`decision.cancel`) is dropped: its child
+/// would be canceled at once, and the new firing stands for it.
+pub fn to_create(
+    recorded: &[Firing],
+    present: impl Fn(&str) -> bool,
+    decision: &Decision,
+) -> Vec<Firing> {
+    let mut create: Vec<Firing> = recorded_missing(recorded, &present)
+        .into_iter()
+        .filter(|f| !decision.cancel.contains(&f.name))
+        .cloned()
+        .collect();
+    for firing in &decision.create {
+        if !present(&firing.name) && create.iter().all(|f| f.name != firing.name) {
+            create.push(firing.clone());
+        }
+    }
+    create.sort_by(|a, b| a.scheduled.cmp(&b.scheduled).then(a.name.cmp(&b.name)));
+    create
+}
+
 /// Adds a skipped time, merging it into the previous entry when the reason is the same.
 fn push_skip(skips: &mut Vec<Skip>, scheduled: Timestamp, reason: SkipReason) {
     if let Some(last) = skips.last_mut()

@@ -18,6 +18,6 @@ mod tests;
 
 pub use firing::{
     Child, Decision, Finished, Firing, Input, Policy, Skip, SkipReason, child_name, decide,
-    history_to_delete, jitter_offset,
+    history_to_delete, jitter_offset, recorded_missing, to_create,
 };
 pub use schedule::{ParseError, Schedule};

@@ -1010,3 +1010,214 @@ proptest! {
         let _ = accounted;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Status before children: the recorded firings whose children are missing
+
+fn firing(name: &str, second: i64) -> Firing {
+    Firing {
+        scheduled: Timestamp::from_second(second).unwrap(),
+        name: name.into(),
+        catch_up: false,
+    }
+}
+
+#[test]
+fn recorded_children_never_created_are_created_with_the_new_ones_each_once() {
+    let recorded = [firing("c-100", 100), firing("c-200", 200)];
+    let decision = Decision {
+        create: vec![firing("c-300", 300), firing("c-200", 200)],
+        ..Decision::default()
+    };
+    let present = |name: &str| name == "c-100";
+    assert_eq!(
+        recorded_missing(&recorded, present),
+        [&firing("c-200", 200)]
+    );
+    assert_eq!(
+        to_create(&recorded, present, &decision),
+        [firing("c-200", 200), firing("c-300", 300)]
+    );
+    // Nothing recorded, nothing new: nothing.
+    assert!(to_create(&[], present, &Decision::default()).is_empty());
+    // All there: nothing.
+    assert!(to_create(&recorded, |_| true, &Decision::default()).is_empty());
+}
+
+#[test]
+fn a_recorded_child_replace_cancels_now_is_not_created() {
+    let recorded = [firing("c-100", 100)];
+    let decision = Decision {
+        create: vec![firing("c-200", 200)],
+        cancel: vec!["c-100".into()],
+        ..Decision::default()
+    };
+    assert_eq!(
+        to_create(&recorded, |_| false, &decision),
+        [firing("c-200", 200)]
+    );
+}
+
+/// One reconcile's faults in the model below.
+#[derive(Debug, Clone)]
+struct Faults {
+    /// The status write (before any create) conflicts or fails.
+    write_fails: bool,
+    /// The process stops right after that write (before any create).
+    crash_after_write: bool,
+    /// The create of the n-th child fails (the reconcile ends with an error).
+    create_fails_at: Option<usize>,
+    /// The process stops right after the creates (before the pending list is confirmed).
+    crash_after_creates: bool,
+    /// The confirming write after the creates fails.
+    confirm_fails: bool,
+}
+
+fn faults() -> impl Strategy<Value = Faults> {
+    (
+        prop::bool::weighted(0.3),
+        prop::bool::weighted(0.1),
+        prop::option::weighted(0.15, 0usize..3),
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.3),
+    )
+        .prop_map(
+            |(
+                write_fails,
+                crash_after_write,
+                create_fails_at,
+                crash_after_creates,
+                confirm_fails,
+            )| {
+                Faults {
+                    write_fails,
+                    crash_after_write,
+                    create_fails_at,
+                    crash_after_creates,
+                    confirm_fails,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The controller's protocol, modelled: decide, write the firings as pending (conditional),
+    /// create, confirm; children with `ttlSecondsAfterFinished: 0` vanish as soon as they finish,
+    /// and a restart forgets what the process saw. Whatever fails when: no time gets a second
+    /// child, no child is created before its firing is recorded, and once the faults stop every
+    /// recorded firing has its child (or was superseded by Replace) and nothing stays pending.
+    #[test]
+    fn status_first_fires_each_time_once_across_failed_writes_restarts_and_ttl(
+        steps in prop::collection::vec((1u8..4, faults()), 1..60),
+        durations in prop::collection::vec(1u8..4, 16),
+        misfire in prop::sample::select(vec![MisfirePolicy::Skip, MisfirePolicy::RunOnce, MisfirePolicy::RunAll]),
+        concurrency in prop::sample::select(vec![ConcurrencyPolicy::Allow, ConcurrencyPolicy::Forbid, ConcurrencyPolicy::Replace]),
+    ) {
+        let s = schedule("*/2 * * * * *", "UTC");
+        let p = Policy {
+            misfire,
+            max_catch_up: 3,
+            starting_deadline: None,
+            concurrency,
+            jitter: SignedDuration::ZERO,
+            suspend: false,
+        };
+        let mut now = ts("2026-12-04T10:00:00.5Z");
+        let mut handled = now;
+        let mut pending: Vec<Firing> = Vec::new();
+        // The API server's children: name -> (scheduled, reconciles left to run).
+        let mut api: BTreeMap<String, (Timestamp, u8)> = BTreeMap::new();
+        // The process's memory: children it created or saw while pending.
+        let mut expected: BTreeSet<String> = BTreeSet::new();
+        let mut creations: Vec<String> = Vec::new();
+        let mut ever_recorded: BTreeSet<String> = BTreeSet::new();
+        let mut superseded: BTreeSet<String> = BTreeSet::new();
+        let quiet = Faults { write_fails: false, crash_after_write: false, create_fails_at: None, crash_after_creates: false, confirm_fails: false };
+        let tail = std::iter::repeat_n((1u8, quiet), 8);
+        for (i, (advance, f)) in steps.into_iter().chain(tail).enumerate() {
+            // The controller's add_expected.
+            expected.retain(|n| pending.iter().any(|f| &f.name == n) || !api.contains_key(n));
+            for r in &pending {
+                if api.contains_key(&r.name) {
+                    expected.insert(r.name.clone());
+                }
+            }
+            let present = |name: &str| api.contains_key(name) || expected.contains(name);
+            let mut children: Vec<Child> = api
+                .iter()
+                .map(|(name, (scheduled, left))| Child { name: name.clone(), scheduled: *scheduled, active: *left > 0 })
+                .collect();
+            for name in expected.iter().filter(|n| !api.contains_key(*n)) {
+                let scheduled = Timestamp::from_second(name.trim_start_matches("c-").parse().unwrap()).unwrap();
+                children.push(Child { name: name.clone(), scheduled, active: true });
+            }
+            children.extend(recorded_missing(&pending, present).into_iter().map(|f| Child {
+                name: f.name.clone(), scheduled: f.scheduled, active: true,
+            }));
+            let d = decide(&Input { cron: "c", schedule: &s, policy: &p, handled_until: handled, now, children: &children });
+            let create = to_create(&pending, present, &d);
+            for r in recorded_missing(&pending, present) {
+                if !create.iter().any(|c| c.name == r.name) {
+                    superseded.insert(r.name.clone());
+                }
+            }
+            let mut crashed = false;
+            'reconcile: {
+                if f.write_fails {
+                    break 'reconcile;
+                }
+                if let Some(until) = d.handled_until {
+                    handled = until;
+                }
+                pending = create.clone();
+                ever_recorded.extend(create.iter().map(|c| c.name.clone()));
+                if f.crash_after_write {
+                    crashed = true;
+                    break 'reconcile;
+                }
+                for name in &d.cancel {
+                    if let Some((_, left)) = api.get_mut(name) { *left = 0; }
+                }
+                let mut answered = BTreeSet::new();
+                for (k, c) in create.iter().enumerate() {
+                    if f.create_fails_at == Some(k) {
+                        break 'reconcile;
+                    }
+                    // Status first: recorded before it exists.
+                    prop_assert!(pending.contains(c) && handled >= c.scheduled);
+                    if !api.contains_key(&c.name) {
+                        prop_assert!(!creations.contains(&c.name), "{} created twice", c.name);
+                        api.insert(c.name.clone(), (c.scheduled, durations[i % durations.len()]));
+                        creations.push(c.name.clone());
+                        expected.insert(c.name.clone());
+                    }
+                    answered.insert(c.name.clone());
+                }
+                if f.crash_after_creates {
+                    crashed = true;
+                    break 'reconcile;
+                }
+                if !f.confirm_fails {
+                    pending.retain(|p| !answered.contains(&p.name));
+                }
+            }
+            if crashed {
+                // A new process lists before anything else happens.
+                expected.clear();
+                continue;
+            }
+            // Time passes: children run; a finished child is deleted at once (TTL 0).
+            now += SignedDuration::from_secs(i64::from(advance));
+            for (_, left) in api.values_mut() {
+                *left = left.saturating_sub(1);
+            }
+            api.retain(|_, (_, left)| *left > 0);
+        }
+        prop_assert!(pending.is_empty(), "still pending: {:?}", pending);
+        for name in &ever_recorded {
+            prop_assert!(creations.contains(name) || superseded.contains(name), "{} recorded, never created", name);
+        }
+    }
+}
