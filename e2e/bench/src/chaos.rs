@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -593,7 +593,7 @@ impl Injector {
                 eprintln!("  fault over: kubelet started");
             }
             FaultKind::SimNodeSilent => {
-                let node = self.sim_node(&mut rng);
+                let node = self.sim_node(&mut rng).await?;
                 self.record_all_live_on(Some(&node), kind);
                 self.silence(&node, holds).await?;
                 eprintln!(
@@ -605,15 +605,7 @@ impl Injector {
                 eprintln!("  fault over: sim node {node}'s heartbeats again");
             }
             FaultKind::NodeDelete => {
-                let live = self.recorder.live_pods();
-                let node = live
-                    .iter()
-                    .filter_map(|p| p.node.clone())
-                    .filter(|n| n.starts_with(&self.settings.sim_prefix))
-                    .collect::<Vec<_>>()
-                    .choose(&mut rng)
-                    .cloned()
-                    .unwrap_or_else(|| self.sim_node(&mut rng));
+                let node = self.sim_node(&mut rng).await?;
                 let on_node = self.record_all_live_on(Some(&node), kind);
                 // Silenced first: the sim registers a deleted node again at its next heartbeat,
                 // before pod GC (40 s quarantine, 20 s period) would see it gone.
@@ -738,15 +730,36 @@ impl Injector {
         Ok(())
     }
 
-    fn sim_node(&self, rng: &mut StdRng) -> String {
-        let live = self.recorder.live_pods();
-        live.iter()
-            .filter_map(|p| p.node.clone())
+    /// A sim node to fault: one that exists and is not silent already (another fault has it),
+    /// picked through a random live worker so that busy nodes are hit more often.
+    async fn sim_node(&self, rng: &mut StdRng) -> Result<String> {
+        let listed = nodes(&self.client)
+            .list(&ListParams::default())
+            .await
+            .context("listing nodes")?;
+        let candidates: Vec<String> = listed
+            .items
+            .iter()
+            .filter(|n| {
+                n.metadata
+                    .annotations
+                    .as_ref()
+                    .is_none_or(|a| !a.contains_key(SIM_HEARTBEAT_ANNOTATION))
+            })
+            .filter_map(|n| n.metadata.name.clone())
             .filter(|n| n.starts_with(&self.settings.sim_prefix))
-            .collect::<Vec<_>>()
-            .choose(rng)
+            .collect();
+        let busy: Vec<String> = self
+            .recorder
+            .live_pods()
+            .into_iter()
+            .filter_map(|p| p.node)
+            .filter(|n| candidates.contains(n))
+            .collect();
+        busy.choose(rng)
+            .or_else(|| candidates.choose(rng))
             .cloned()
-            .unwrap_or_else(|| format!("{}-0", self.settings.sim_prefix))
+            .context("no sim node that is up and not faulted already")
     }
 
     /// Stops `node`'s heartbeats for `holds`: the sim ends the silence on its own, so a run that
@@ -766,6 +779,10 @@ impl Injector {
         loop {
             match nodes.patch(node, &PatchParams::default(), &patch).await {
                 Ok(_) => return Ok(()),
+                // Gone (deleted by another fault): nothing to silence, and no silence to lift.
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    bail!("node {node} is gone")
+                }
                 Err(e) if tries >= 30 => return Err(e).context(format!("annotating {node}")),
                 Err(_) => {
                     tries += 1;
