@@ -239,6 +239,9 @@ pub struct Report {
     pub cron_missed: Vec<Missed>,
     /// Pods whose end fell in a gap of the watch (not violations; their end is a bound).
     pub uncertain_ends: usize,
+    /// DAG children seen, and the cron times that had to fire (what the zeros below stand on).
+    pub dag_children: usize,
+    pub cron_times_expected: usize,
 }
 
 impl Report {
@@ -267,6 +270,8 @@ pub fn audit(input: &Input) -> Report {
             .iter()
             .filter(|p| matches!(p.end, PodEnd::Vanished { .. }))
             .count(),
+        dag_children: input.dag_children.len(),
+        cron_times_expected: input.cron_expected.iter().map(|c| c.scheduled.len()).sum(),
         ..Report::default()
     };
     for (task, pods) in &pods_of {
@@ -502,8 +507,14 @@ pub fn render(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "audit: {} tasks, {} worker pods, {} terminal; {} pod ends fell in a watch gap",
-        report.tasks, report.pods, report.terminal, report.uncertain_ends
+        "audit: {} tasks ({} DAG children), {} worker pods, {} terminal; {} cron times due; {} pod \
+         ends fell in a watch gap",
+        report.tasks,
+        report.dag_children,
+        report.pods,
+        report.terminal,
+        report.cron_times_expected,
+        report.uncertain_ends
     );
     let rows: [(&str, usize); 8] = [
         ("live-worker overlaps", report.overlaps.len()),
@@ -979,6 +990,7 @@ mod tests {
                 scheduled: 240
             }]
         );
+        assert_eq!((report.dag_children, report.cron_times_expected), (4, 4));
         assert!(render(&report).contains("VIOLATION"));
     }
 
