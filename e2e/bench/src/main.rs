@@ -7,7 +7,11 @@
 //! `eval "$(e2e/cluster.sh env)"`); see README "Benchmarks".
 
 mod apimetrics;
+mod audit;
 mod bench;
+mod chaos;
+mod chaos_plan;
+mod chaos_record;
 mod memory;
 mod procs;
 mod report;
@@ -106,6 +110,55 @@ struct Common {
 
 #[derive(Subcommand, Debug)]
 enum Mode {
+    /// An HA pair of operators of its own, a mix of tasks, DAGs and an every-minute AxCron, a
+    /// seeded schedule of faults, then an audit of every worker pod: exits non-zero on any
+    /// overlap, lost task, duplicate pod, infrastructure fault charged to maxRetries, doubled DAG
+    /// child or doubled or missed cron firing.
+    Chaos {
+        #[arg(long, default_value_t = 3000)]
+        tasks: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// `all`, or a comma-separated list of fault kinds.
+        #[arg(long, default_value = "all", value_parser = parse_faults)]
+        faults: FaultList,
+        /// How long the faults play (work is created over the first 60 % of it).
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+        /// DAGs of 50 children (default: one per 500 tasks, at least one).
+        #[arg(long)]
+        dags: Option<usize>,
+        /// At most this many tasks on the real kubelet (it runs about one pod a second).
+        #[arg(long, default_value_t = 150)]
+        real_kubelet_max: usize,
+        /// Concurrency of the run's AxQueue.
+        #[arg(long, default_value_t = 300)]
+        concurrency: u32,
+        #[arg(
+            long,
+            env = "AX_OPERATOR_BIN",
+            default_value = "target/debug/ax-operator"
+        )]
+        operator_bin: PathBuf,
+        /// The operator's kubeconfig: the ax-operator ServiceAccount's, so the audit log records
+        /// its writes (`e2e/cluster.sh sa-kubeconfig ax-system ax-operator FILE`).
+        #[arg(long, env = "AX_OPERATOR_KUBECONFIG")]
+        operator_kubeconfig: PathBuf,
+        /// The two operators' /metrics listen on 127.0.0.1:PORT and PORT+1.
+        #[arg(long, default_value_t = 18180)]
+        operator_metrics_port: u16,
+        /// Where the operators' logs (chaos-a.log, chaos-b.log) go.
+        #[arg(long, default_value = "/tmp/ax-chaos")]
+        log_dir: PathBuf,
+        #[arg(long, default_value = "e2e/cluster.sh")]
+        cluster_script: PathBuf,
+        /// Name prefix of the simulated nodes.
+        #[arg(long, default_value = "ax-sim")]
+        sim_prefix: String,
+        /// After the faults, how long every task may take to become terminal.
+        #[arg(long, default_value_t = 900.0)]
+        drain_seconds: f64,
+    },
     /// Create N units of each kind as fast as possible; measure until all have finished.
     Burst {
         #[arg(long, default_value_t = 500)]
@@ -169,9 +222,30 @@ async fn main() -> ExitCode {
     }
 }
 
+#[derive(Clone, Debug)]
+struct FaultList(Vec<chaos_plan::FaultKind>);
+
+fn parse_faults(value: &str) -> Result<FaultList, String> {
+    use clap::ValueEnum;
+    if value == "all" {
+        return Ok(FaultList(chaos_plan::FaultKind::ALL.to_vec()));
+    }
+    value
+        .split(',')
+        .map(|f| chaos_plan::FaultKind::from_str(f.trim(), false))
+        .collect::<Result<Vec<_>, _>>()
+        .map(FaultList)
+        .map_err(|e| {
+            format!(
+                "{e}; kinds: all or a list of {}",
+                chaos_plan::FaultKind::ALL.map(|k| k.as_str()).join(", ")
+            )
+        })
+}
+
 async fn run(cli: Cli) -> Result<ExitCode> {
-    if matches!(cli.mode, Mode::Memory { .. }) && cli.common.rounds > 1 {
-        anyhow::bail!("--rounds is for burst and rate; memory runs once");
+    if matches!(cli.mode, Mode::Memory { .. } | Mode::Chaos { .. }) && cli.common.rounds > 1 {
+        anyhow::bail!("--rounds is for burst and rate; memory and chaos run once");
     }
     let client = Client::try_default()
         .await
@@ -189,6 +263,53 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     };
     let context = RunContext::now(&operator);
     let plan = match cli.mode {
+        Mode::Chaos {
+            tasks,
+            seed,
+            faults,
+            minutes,
+            dags,
+            real_kubelet_max,
+            concurrency,
+            operator_bin,
+            operator_kubeconfig,
+            operator_metrics_port,
+            log_dir,
+            cluster_script,
+            sim_prefix,
+            drain_seconds,
+        } => {
+            let settings = chaos::ChaosSettings {
+                tasks,
+                seed,
+                faults: faults.0,
+                minutes,
+                dags: dags.unwrap_or((tasks / 500).max(1)),
+                real_kubelet_max,
+                concurrency,
+                operator_bin,
+                operator_kubeconfig,
+                operator_metrics_port,
+                log_dir,
+                cluster_dir: c.cluster_dir.clone(),
+                cluster_script,
+                sim_prefix,
+                drain_seconds,
+                keep: c.keep,
+            };
+            // The operators are the soak's own, not whichever one the pattern would find.
+            let context = RunContext {
+                operator_exe: Some(settings.operator_bin.display().to_string()),
+                ..context
+            };
+            println!("{}", context.render());
+            let clean = chaos::run(&client, &settings).await?;
+            return Ok(if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
         Mode::Burst { units, parallel } => Plan::Burst { units, parallel },
         Mode::Rate {
             per_second,

@@ -10,6 +10,12 @@
 //! change of the Node: `ax.dev/sim-capacity: "pods=10,cpu=4,memory=8Gi"` (any subset; the rest
 //! stays at the large default) and `ax.dev/sim-pressure: "MemoryPressure"` (a comma-separated
 //! subset of MemoryPressure, DiskPressure, PIDPressure; empty or absent: none).
+//! `ax.dev/sim-heartbeat: "stopped"` makes the node go silent, as a node cut off from the API
+//! server does: no Lease renewal, no Ready heartbeat (the node lifecycle controller marks it
+//! NotReady and taints it) until the annotation is removed. Its pods are still driven.
+//! `"stopped-until=<RFC 3339 time>"` ends the silence on its own at that time, even if the Node
+//! object was deleted meanwhile (a node deleted while silent is registered again only then, so
+//! pod GC sees it gone), and even if whoever silenced it is gone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -35,6 +41,7 @@ use ax_sim::worker::SIM_NODE_TAINT_KEY;
 pub const SIM_POOL_LABEL: &str = "ax.dev/sim-pool";
 pub const CAPACITY_ANNOTATION: &str = "ax.dev/sim-capacity";
 pub const PRESSURE_ANNOTATION: &str = "ax.dev/sim-pressure";
+pub const HEARTBEAT_ANNOTATION: &str = "ax.dev/sim-heartbeat";
 const PRESSURE_CONDITIONS: [&str; 3] = ["MemoryPressure", "DiskPressure", "PIDPressure"];
 
 /// The label (and taint) that marks this simulator's nodes: `ax.dev/sim-node=true`, or
@@ -72,6 +79,29 @@ pub struct NodeSettings {
     pub cpu: String,
     pub memory: String,
     pub pressure: Vec<&'static str>,
+    /// Heartbeats stopped (`ax.dev/sim-heartbeat`).
+    pub heartbeat: Heartbeat,
+}
+
+/// Whether a node sends its heartbeats and renews its Lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Heartbeat {
+    #[default]
+    Beating,
+    /// Silent until the annotation goes.
+    Stopped,
+    /// Silent until this time.
+    StoppedUntil(Timestamp),
+}
+
+impl Heartbeat {
+    pub fn silent_at(self, now: Timestamp) -> bool {
+        match self {
+            Heartbeat::Beating => false,
+            Heartbeat::Stopped => true,
+            Heartbeat::StoppedUntil(until) => now < until,
+        }
+    }
 }
 
 impl Default for NodeSettings {
@@ -82,6 +112,7 @@ impl Default for NodeSettings {
             cpu: "1000".into(),
             memory: "4Ti".into(),
             pressure: Vec::new(),
+            heartbeat: Heartbeat::Beating,
         }
     }
 }
@@ -121,6 +152,14 @@ pub fn settings_of(node: &Node) -> (NodeSettings, Vec<String>) {
                 Some(_) => {}
                 None => ignored.push(format!("{PRESSURE_ANNOTATION}: {part}")),
             }
+        }
+    }
+    if let Some(value) = annotations.get(HEARTBEAT_ANNOTATION).map(|v| v.trim()) {
+        let until = value.strip_prefix("stopped-until=").map(str::parse);
+        match (value, until) {
+            ("stopped", _) => settings.heartbeat = Heartbeat::Stopped,
+            (_, Some(Ok(until))) => settings.heartbeat = Heartbeat::StoppedUntil(until),
+            _ => ignored.push(format!("{HEARTBEAT_ANNOTATION}: {value}")),
         }
     }
     (settings, ignored)
@@ -412,11 +451,16 @@ impl SimNodes {
                 "unreadable sim node annotations, ignored"
             );
         }
-        match self.heartbeat(&name).await {
+        // A node heard from again renews its Lease at once, not with the next tick.
+        let reported = async {
+            self.heartbeat(&name).await?;
+            self.renew_lease(&name).await
+        };
+        match reported.await {
             Ok(()) => tracing::info!(
                 node = name,
                 ?settings,
-                "sim node capacity or pressure changed"
+                "sim node capacity, pressure or heartbeat changed"
             ),
             Err(error) => tracing::warn!(node = name, %error, "sim node status write failed"),
         }
@@ -496,6 +540,9 @@ impl SimNodes {
         let Some(node) = self.state.lock().await.get(name).cloned() else {
             return Ok(());
         };
+        if node.settings.heartbeat.silent_at(Timestamp::now()) {
+            return Ok(());
+        }
         let status = Patch::Merge(node_status(
             name,
             Timestamp::now(),
@@ -518,12 +565,17 @@ impl SimNodes {
     }
 
     async fn renew_lease(&self, name: &str) -> Result<(), NodeError> {
-        let uid = self
-            .state
-            .lock()
-            .await
-            .get(name)
-            .and_then(|node| node.uid.clone());
+        let (uid, silent) = {
+            let state = self.state.lock().await;
+            let node = state.get(name);
+            (
+                node.and_then(|node| node.uid.clone()),
+                node.is_some_and(|node| node.settings.heartbeat.silent_at(Timestamp::now())),
+            )
+        };
+        if silent {
+            return Ok(());
+        }
         let Some(uid) = uid else {
             return Err(NodeError::NoUid {
                 node: name.to_owned(),
@@ -713,6 +765,36 @@ mod tests {
         let (plain, ignored) = settings_of(&annotated(json!({})));
         assert_eq!(plain, NodeSettings::default());
         assert!(ignored.is_empty());
+    }
+
+    #[test]
+    fn the_heartbeat_annotation_silences_the_node() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let (settings, ignored) = settings_of(&annotated(json!({HEARTBEAT_ANNOTATION: "stopped"})));
+        assert_eq!(settings.heartbeat, Heartbeat::Stopped);
+        assert!(settings.heartbeat.silent_at(now));
+        assert!(ignored.is_empty());
+        let until = json!({HEARTBEAT_ANNOTATION: "stopped-until=2026-01-01T00:01:30Z"});
+        let (settings, ignored) = settings_of(&annotated(until));
+        assert!(ignored.is_empty());
+        assert!(settings.heartbeat.silent_at(now));
+        assert!(
+            settings
+                .heartbeat
+                .silent_at("2026-01-01T00:01:29Z".parse().unwrap())
+        );
+        assert!(
+            !settings
+                .heartbeat
+                .silent_at("2026-01-01T00:01:30Z".parse().unwrap())
+        );
+        for unreadable in ["off", "stopped-until=soon"] {
+            let (settings, ignored) =
+                settings_of(&annotated(json!({HEARTBEAT_ANNOTATION: unreadable})));
+            assert_eq!(settings.heartbeat, Heartbeat::Beating);
+            assert!(!settings.heartbeat.silent_at(now));
+            assert_eq!(ignored, [format!("{HEARTBEAT_ANNOTATION}: {unreadable}")]);
+        }
     }
 
     #[test]
