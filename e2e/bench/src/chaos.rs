@@ -107,8 +107,15 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
         signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
     restore_components(s);
-    operators.lock().await.stop_all();
-    let (disruptions, cron_window) = result?;
+    // The operators stay up through the clean-up: every worker pod carries the outcome finalizer,
+    // which only an operator takes off once the pod's task is gone.
+    let (disruptions, cron_window) = match result {
+        Ok(soaked) => soaked,
+        Err(e) => {
+            operators.lock().await.stop_all();
+            return Err(e);
+        }
+    };
 
     let mut input = recorder.audit_input();
     input.disruptions = disruptions;
@@ -168,6 +175,7 @@ pub async fn run(client: &Client, s: &ChaosSettings) -> Result<bool> {
     } else if report.violations() > 0 {
         eprintln!("namespace {namespace} kept for inspection");
     }
+    operators.lock().await.stop_all();
     Ok(report.violations() == 0)
 }
 
