@@ -328,7 +328,7 @@ const CALLBACK_RECEIVER_IP: &str = "127.0.0.2";
 
 #[tokio::test]
 async fn callback_receives_the_final_status() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind((CALLBACK_RECEIVER_IP, 0))
         .await
         .unwrap();
@@ -338,30 +338,7 @@ async fn callback_receives_the_final_status() {
         let mut bodies = Vec::new();
         for answer in ["503 Service Unavailable", "200 OK"] {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            loop {
-                let n = socket.read(&mut chunk).await.unwrap();
-                buf.extend_from_slice(&chunk[..n]);
-                let text = String::from_utf8_lossy(&buf).to_string();
-                if let Some(split) = text.find("\r\n\r\n") {
-                    let len = text[..split]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse::<usize>().unwrap())
-                        })
-                        .unwrap_or(0);
-                    if buf.len() >= split + 4 + len {
-                        bodies.push(text[split + 4..].to_string());
-                        break;
-                    }
-                }
-                if n == 0 {
-                    break;
-                }
-            }
+            bodies.push(read_request(&mut socket).await);
             let response =
                 format!("HTTP/1.1 {answer}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
             socket.write_all(response.as_bytes()).await.unwrap();

@@ -166,6 +166,34 @@ async fn a_pod_of_a_later_attempt_than_the_status_knows_holds_the_next_attempt()
     .await;
 }
 
+/// A simulated node of the test's own (so its simulator can be stopped alone) and a task `name` on
+/// it whose worker never finishes, with `hardSeconds` and `maxRetries` as given; returns once the
+/// task is Running.
+async fn hanging_on_a_node_of_its_own(
+    client: &Client,
+    ns: &str,
+    test: &str,
+    name: &str,
+    hard_seconds: u32,
+    max_retries: u32,
+) -> SimPool {
+    let pool = SimPool::start(client, test, 1, 10).await;
+    let mut template = pool.template(0);
+    template["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "AX_SIM_HANG", "value": "true"}));
+    let t = sim_task_with(name, "loss", &SimWorker::default(), |v| {
+        v["spec"]["template"] = template;
+        v["spec"]["timeout"] = json!({"hardSeconds": hard_seconds});
+        v["spec"]["retry"] = json!({"maxRetries": max_retries,
+            "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0}});
+    });
+    create(client, ns, &t).await;
+    wait_phase(client, ns, name, TaskPhase::Running, LONG).await;
+    pool
+}
+
 /// The Node object of a running worker is deleted while nothing reports on it (its kubelet died
 /// with it) and the attempt's hard timeout has passed: Kubernetes 1.20's pod GC force-deletes the
 /// pod without marking it Failed, so it stays "Running" on a node that does not exist. The task
@@ -174,20 +202,7 @@ async fn a_pod_of_a_later_attempt_than_the_status_knows_holds_the_next_attempt()
 async fn a_timed_out_worker_on_a_deleted_node_is_retried_once_its_pod_is_gone() {
     let client = client().await;
     let ns = namespace(&client, "node-gone").await;
-    let mut pool = SimPool::start(&client, "node-gone", 1, 10).await;
-    let mut template = pool.template(0);
-    template["spec"]["containers"][0]["env"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "AX_SIM_HANG", "value": "true"}));
-    let t = sim_task_with("orphaned", "loss", &SimWorker::default(), |v| {
-        v["spec"]["template"] = template;
-        v["spec"]["timeout"] = json!({"hardSeconds": 15});
-        v["spec"]["retry"] = json!({"maxRetries": 2,
-            "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0}});
-    });
-    create(&client, &ns, &t).await;
-    wait_phase(&client, &ns, "orphaned", TaskPhase::Running, LONG).await;
+    let mut pool = hanging_on_a_node_of_its_own(&client, &ns, "node-gone", "orphaned", 15, 2).await;
 
     // Nothing answers for the node any more; the kill at the hard timeout is never confirmed.
     pool.stop_simulator();
@@ -221,20 +236,8 @@ async fn a_timed_out_worker_on_a_deleted_node_is_retried_once_its_pod_is_gone() 
 async fn a_running_worker_on_a_deleted_node_is_retried_as_infrastructure() {
     let client = client().await;
     let ns = namespace(&client, "node-lost").await;
-    let mut pool = SimPool::start(&client, "node-lost", 1, 10).await;
-    let mut template = pool.template(0);
-    template["spec"]["containers"][0]["env"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "AX_SIM_HANG", "value": "true"}));
-    let t = sim_task_with("stranded", "loss", &SimWorker::default(), |v| {
-        v["spec"]["template"] = template;
-        v["spec"]["timeout"] = json!({"hardSeconds": 3600});
-        v["spec"]["retry"] = json!({"maxRetries": 0,
-            "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0}});
-    });
-    create(&client, &ns, &t).await;
-    wait_phase(&client, &ns, "stranded", TaskPhase::Running, LONG).await;
+    let mut pool =
+        hanging_on_a_node_of_its_own(&client, &ns, "node-lost", "stranded", 3600, 0).await;
 
     pool.stop_simulator();
     let nodes: Api<Node> = Api::all(client.clone());

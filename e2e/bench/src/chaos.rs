@@ -274,12 +274,7 @@ async fn soak(
             eprintln!("  creating {}: {e:#}", task.name);
         }
         if n % dag_every == dag_every - 1 && dags_made < s.dags {
-            let name = format!("d-{dags_made:03}");
-            let dag = chaos_plan::axdag(&name, s.seed.wrapping_add(dags_made as u64), queue);
-            if let Err(e) = create(&dags, dag).await {
-                create_errors += 1;
-                eprintln!("  creating {name}: {e:#}");
-            }
+            create_errors += create_dag(&dags, dags_made, s.seed, queue).await;
             dags_made += 1;
             i += 1;
         }
@@ -293,12 +288,7 @@ async fn soak(
         }
     }
     while dags_made < s.dags {
-        let name = format!("d-{dags_made:03}");
-        let dag = chaos_plan::axdag(&name, s.seed.wrapping_add(dags_made as u64), queue);
-        if let Err(e) = create(&dags, dag).await {
-            create_errors += 1;
-            eprintln!("  creating {name}: {e:#}");
-        }
+        create_errors += create_dag(&dags, dags_made, s.seed, queue).await;
         dags_made += 1;
     }
     for task in &mut fault_tasks.0 {
@@ -384,6 +374,19 @@ impl Drop for AbortOnDrop {
 
 /// Creates `object`, retrying while the API server is stopped or the write times out; a 409
 /// means an earlier try got through.
+/// Creates the soak's DAG number `n` (`d-NNN`, its shape from the seed); 1 when that failed.
+async fn create_dag(dags: &Api<DynamicObject>, n: usize, seed: u64, queue: &str) -> usize {
+    let name = format!("d-{n:03}");
+    let dag = chaos_plan::axdag(&name, seed.wrapping_add(n as u64), queue);
+    match create(dags, dag).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("  creating {name}: {e:#}");
+            1
+        }
+    }
+}
+
 async fn create(api: &Api<DynamicObject>, object: serde_json::Value) -> Result<()> {
     let object: DynamicObject = serde_json::from_value(object)?;
     let mut tries = 0;
