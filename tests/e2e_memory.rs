@@ -3,15 +3,17 @@
 //! in a queue that does not exist. Before the fresh-template cache was bounded in bytes and kept
 //! JSON text, the operator held every one of those payloads parsed and passed 700 MiB, and again
 //! after every restart; and while the watch reduced objects only once the caches took them, a
-//! restart held those waiting whole (240 MiB). Starts its own operator (e2e/run-tests.sh stops the
-//! shared one first).
+//! restart held those waiting whole (240 MiB). Nor with large DAGs: 30 DAGs of 500 tasks with
+//! payloads, near the API server's object limit, each waiting on its first task; while the DAG
+//! cache kept every AxDag whole, they took 480 MiB parsed. Starts its own operator
+//! (e2e/run-tests.sh stops the shared one first).
 
 mod common;
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use ax::api::AxTask;
+use ax::api::{AxDag, AxTask};
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -21,6 +23,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const TASKS: usize = 150;
+const DAGS: usize = 30;
+const DAG_TASKS: usize = 500;
+/// Per task of those DAGs: a DAG is about 1 MB of JSON and 16 MB parsed.
+const DAG_NUMBERS: usize = 900;
+/// As [`RUNNING_GROWTH_KIB`], for the DAGs: each reconcile in flight reads the DAG as text (1 MB)
+/// and each watch event is parsed whole (16 MB) before it is reduced; 30 DAGs kept whole are
+/// 480 MiB.
+const DAG_GROWTH_KIB: u64 = 160 * 1024;
 /// Digits and commas: 2 bytes of JSON each, 32 bytes each as a parsed `serde_json::Value`.
 const NUMBERS: usize = 125 * 1024;
 /// How far the operator's peak resident memory may rise above what it took to list the cluster as
@@ -149,9 +159,9 @@ impl Drop for Operator {
     }
 }
 
-/// Waits until every task in `ns` has been seen by the operator: held, with the `Queued` reason
-/// `QueueNotFound`.
-async fn wait_all_held(client: &Client, ns: &str, operator: &mut Operator) {
+/// Waits until `count` tasks in `ns` have been seen by the operator: held, with the `Queued`
+/// reason `QueueNotFound`.
+async fn wait_all_held(client: &Client, ns: &str, count: usize, operator: &mut Operator) {
     let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
     let deadline = Instant::now() + LONG;
     loop {
@@ -168,12 +178,12 @@ async fn wait_all_held(client: &Client, ns: &str, operator: &mut Operator) {
                     .is_some_and(|c| c.reason == "QueueNotFound")
             })
             .count();
-        if held == TASKS {
+        if held == count {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "{held} of {TASKS} tasks held as QueueNotFound within {LONG:?}"
+            "{held} of {count} tasks held as QueueNotFound within {LONG:?}"
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -264,7 +274,7 @@ async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() 
         .buffer_unordered(8)
         .collect::<Vec<_>>()
         .await;
-    wait_all_held(&client, &ns, &mut operator).await;
+    wait_all_held(&client, &ns, TASKS, &mut operator).await;
     let first = assert_memory_bounded(
         &mut operator,
         "running",
@@ -314,4 +324,124 @@ async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() 
         .delete(&ns, &DeleteParams::default())
         .await
         .expect("delete the namespace");
+}
+
+#[tokio::test]
+async fn large_dags_cost_the_operator_their_graph_not_their_specs() {
+    let client = client().await;
+    operator::assert_no_leader(&client).await;
+    let ns = namespace(&client, "memory-dags").await;
+    let _cleanup = NamespaceDeletedOnDrop(ns.clone());
+    let mut operator = Operator::start("memory-dags-a");
+    operator.wait_leading_and_ready(&client).await;
+    let (_, baseline) = operator.memory_kib();
+    println!("before the DAGs: VmHWM {} MiB", baseline / 1024);
+
+    // `t0` waits forever in a queue that does not exist; every other task waits on it.
+    let numbers: Vec<u8> = (0..DAG_NUMBERS).map(|i| (i % 10) as u8).collect();
+    let mut spec = serde_json::to_value(example("hello.yaml", "x", |_| {}).spec).unwrap();
+    spec["payload"] = serde_json::json!({"numbers": numbers});
+    let tasks: Vec<serde_json::Value> = (0..DAG_TASKS)
+        .map(|i| {
+            let mut spec = spec.clone();
+            let mut task = serde_json::json!({"name": format!("t{i}"), "spec": spec});
+            if i == 0 {
+                spec["queue"] = "nope".into();
+                task["spec"] = spec;
+            } else {
+                task["dependsOn"] = serde_json::json!(["t0"]);
+            }
+            task
+        })
+        .collect();
+    let dag = |i: usize| -> AxDag {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+            "metadata": {"name": format!("big-{i}")},
+            "spec": {"tasks": tasks},
+        }))
+        .expect("an AxDag")
+    };
+    let size = serde_json::to_string(&dag(0)).unwrap().len();
+    assert!(
+        (800_000..1_400_000).contains(&size),
+        "{size}: near the object limit, and under it"
+    );
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    futures::stream::iter(0..DAGS)
+        .map(|i| {
+            let (dags, dag) = (dags.clone(), dag(i));
+            async move {
+                dags.create(&Default::default(), &dag)
+                    .await
+                    .expect("create a DAG")
+            }
+        })
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await;
+    // Each DAG's first child, created from the DAG's spec as the API server has it.
+    wait_all_held(&client, &ns, DAGS, &mut operator).await;
+    let first = assert_memory_bounded(
+        &mut operator,
+        "running",
+        baseline,
+        DAG_GROWTH_KIB,
+        Duration::from_secs(5),
+    )
+    .await;
+
+    drop(operator);
+    let mut operator = Operator::start("memory-dags-b");
+    operator.wait_leading_and_ready(&client).await;
+    let restarted = assert_memory_bounded(
+        &mut operator,
+        "restarted",
+        baseline,
+        DAG_GROWTH_KIB,
+        Duration::from_secs(10),
+    )
+    .await;
+    println!(
+        "peak resident memory: {} MiB, after the restart {} MiB",
+        first / 1024,
+        restarted / 1024
+    );
+    let children = tasks_in(&client, &ns).await;
+    assert_eq!(children.len(), DAGS, "one child each, never two");
+    assert!(
+        children
+            .iter()
+            .all(|c| c.spec.payload == Some(serde_json::json!({"numbers": numbers}))),
+        "each child has its spec from the DAG"
+    );
+
+    // The children's finalizer comes off through this operator: delete before it stops.
+    dags.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete the DAGs");
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + LONG;
+    loop {
+        let left = dags
+            .list_metadata(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len()
+            + tasks
+                .list_metadata(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} DAGs and tasks not gone within {LONG:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

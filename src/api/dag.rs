@@ -31,9 +31,9 @@ pub const LABEL_DAG_TASK: &str = "ax.dev/dag-task";
 #[serde(rename_all = "camelCase")]
 pub struct AxDagSpec {
     /// The tasks, at most 500; each runs as the child AxTask `<dag>-<name>`.
-    // The operator keeps every AxDag whole in its cache: the count bounds what one object costs
-    // it (and the API server's ~1.5 MiB object limit is reached near there with specs of a few
-    // KiB anyway).
+    // The operator's cache keeps each task's name, dependencies and status entry: the count
+    // bounds what one DAG costs it there, and what one reconcile reads whole (the API server's
+    // ~1.5 MiB object limit is reached near there with specs of a few KiB anyway).
     #[schemars(length(max = 500))]
     pub tasks: Vec<DagTask>,
 

@@ -34,7 +34,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 
 use super::{TaskKey, readable};
-use crate::api::{AxTask, PodTemplate, TaskPhase};
+use crate::api::{AxDag, AxTask, PodTemplate, TaskPhase};
 use crate::core::task as core;
 use crate::core::worker::MAIN_CONTAINER_ANNOTATION;
 
@@ -61,6 +61,26 @@ fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
     // Most tasks have no fact to note: no map at all, rather than an empty one.
     t.metadata.annotations = (!cached.is_empty()).then_some(cached);
     (std::mem::take(&mut t.spec.template), t.spec.payload.take())
+}
+
+/// Reduces an AxDag to what the DAG and cron controllers' caches keep: metadata without
+/// managedFields and annotations (`kubectl apply`'s last-applied copy is the whole spec again), the
+/// spec's scalars, and each task's name and dependencies; each task's template is
+/// [`PodTemplate::absent`] and its payload dropped. A DAG of 500 tasks with large specs would
+/// otherwise be kept whole, parsed, for as long as it exists, finished or not. A reconcile that
+/// creates children reads the whole DAG first (see [`dag_is_reduced`]).
+pub fn dag(d: &mut AxDag) {
+    d.metadata.managed_fields = None;
+    d.metadata.annotations = None;
+    for task in &mut d.spec.tasks {
+        task.spec.template = PodTemplate::absent();
+        task.spec.payload = None;
+    }
+}
+
+/// Whether `d` is as [`dag`] keeps it: its tasks' specs are not there to create children from.
+pub fn dag_is_reduced(d: &AxDag) -> bool {
+    d.spec.tasks.iter().any(|t| t.spec.template.is_absent())
 }
 
 /// The AxTasks `labels` select (all when `None`), as every task cache of the operator holds them:
@@ -678,6 +698,45 @@ mod tests {
         assert!(before.is_some());
         task(&mut t);
         assert_eq!(spec_error(&t), before);
+    }
+
+    #[test]
+    fn a_cached_dag_keeps_its_graph_and_drops_its_tasks_specs() {
+        let mut d: AxDag = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+            "metadata": {"name": "d", "namespace": "ns", "uid": "u", "generation": 3,
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"parallelism": 2, "cancel": true, "rerun": 1, "tasks": [
+                {"name": "a", "spec": {"type": "x", "queue": "q", "payload": {"big": "x".repeat(1000)},
+                    "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}}},
+                {"name": "b", "dependsOn": ["a"], "spec": {"type": "y",
+                    "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}}},
+            ]},
+            "status": {"phase": "Running", "observedGeneration": 3},
+        }))
+        .expect("a DAG");
+        let whole = d.clone();
+        assert!(!dag_is_reduced(&whole));
+        dag(&mut d);
+        assert!(dag_is_reduced(&d));
+        assert!(d.metadata.annotations.is_none() && d.metadata.managed_fields.is_none());
+        assert_eq!(d.metadata.generation, Some(3));
+        assert_eq!(d.status, whole.status);
+        let graph = |d: &AxDag| -> Vec<(String, Vec<String>)> {
+            d.spec
+                .tasks
+                .iter()
+                .map(|t| (t.name.clone(), t.depends_on.clone()))
+                .collect()
+        };
+        assert_eq!(graph(&d), graph(&whole));
+        assert_eq!(
+            (d.spec.parallelism, d.spec.cancel, d.spec.rerun),
+            (Some(2), true, 1)
+        );
+        assert!(d.spec.tasks.iter().all(|t| t.spec.payload.is_none()));
+        assert_eq!(d.spec.tasks[0].spec.queue, "q", "a task's scalars stay");
     }
 
     #[test]

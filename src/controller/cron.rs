@@ -90,7 +90,7 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let index = dags_by_owner.clone();
     let dag_events = reflector::reflector(
         dags_writer,
-        readable::watch::<AxDag>(client.clone(), Some(LABEL_CRON), None)
+        readable::watch_reduced(client.clone(), Some(LABEL_CRON), None, cache::dag)
             .inspect_ok(move |event| index.apply(event)),
     )
     .touched_objects();

@@ -24,7 +24,8 @@ use super::owner_index::OwnerIndex;
 use super::write::{self, ApiError};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
-    AxDag, AxDagStatus, AxTask, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK, TaskPhase,
+    AxDag, AxDagStatus, AxTask, AxTaskSpec, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK,
+    TaskPhase,
 };
 use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
@@ -127,10 +128,13 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let (dags, dags_writer) = reflector::store();
     let dag_events = reflector::reflector(
         dags_writer,
-        readable::watch::<AxDag>(
+        // Each task's name and dependencies only: the specs are read whole when children are
+        // created (`cache::dag`).
+        readable::watch_reduced(
             client.clone(),
             None,
             Some(readable::Reporter::new(events.clone())),
+            cache::dag,
         ),
     )
     .touched_objects();
@@ -260,6 +264,17 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     }
     cancel_children(&dag, evaluation.cancel.iter(), &children, &ctx).await?;
 
+    // The cache keeps no task's spec: read the specs of the children to create. Only this
+    // generation's may be used (a generation is one spec, so the decision above holds).
+    let specs = if create.is_empty() {
+        HashMap::new()
+    } else {
+        match task_specs(&dag, &create, &ctx).await? {
+            Some(specs) => specs,
+            // Edited or deleted since the cache's copy: its watch event brings the next reconcile.
+            None => return Ok(Requeue::await_change()),
+        }
+    };
     let status = graph_status(&graph, &dag, &before, &evaluation, now);
     let original = dag.status.clone().unwrap_or_default();
     // Status before children: the write is preconditioned on the resourceVersion this decision
@@ -275,7 +290,8 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     };
     let mut name_taken = false;
     for task in &create {
-        match create_child(&dag, &uid, &graph.child_name(task), task, &ctx).await? {
+        let spec = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
+        match create_child(&dag, &uid, &graph.child_name(task), task, spec, &ctx).await? {
             Created::Yes => ctx.expected().created(&uid, task, Instant::now()),
             Created::NameTaken => name_taken = true,
         }
@@ -298,6 +314,66 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     } else {
         requeue
     })
+}
+
+/// The specs of `tasks` as the API server has `dag` now, if that is still the same generation of
+/// the same DAG (from `dag` itself when it is whole). Read as JSON text of which only those specs
+/// are parsed: a whole DAG of 500 tasks parses to many times its JSON, and every creating reconcile
+/// in flight would hold one.
+async fn task_specs(
+    dag: &AxDag,
+    tasks: &[String],
+    ctx: &DagCtx,
+) -> Result<Option<HashMap<String, AxTaskSpec>>> {
+    let wanted = |name: &str| tasks.iter().any(|t| t == name);
+    if !cache::dag_is_reduced(dag) {
+        let specs = dag.spec.tasks.iter().filter(|t| wanted(&t.name));
+        return Ok(Some(
+            specs.map(|t| (t.name.clone(), t.spec.clone())).collect(),
+        ));
+    }
+    let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxDag> = Api::namespaced(ctx.client.clone(), &namespace);
+    let request = kube::core::Request::new(api.resource_url())
+        .get(&dag.name_any(), &Default::default())
+        .map_err(|e| Error::Read("the DAG", kube::Error::BuildRequest(e)))?;
+    let text = match ctx.client.request_text(request).await {
+        Ok(text) => text,
+        Err(e) if ApiError::of(&e) == ApiError::NotFound => return Ok(None),
+        Err(e) => return Err(Error::Read("the DAG", e)),
+    };
+    let read = |e: serde_json::Error| Error::Read("the DAG", kube::Error::SerdeError(e));
+    let raw: RawDag = serde_json::from_str(&text).map_err(read)?;
+    if raw.metadata.uid != dag.metadata.uid || raw.metadata.generation != dag.metadata.generation {
+        return Ok(None);
+    }
+    let mut specs = HashMap::new();
+    for task in raw.spec.tasks.into_iter().filter(|t| wanted(&t.name)) {
+        let spec = serde_json::from_str(task.spec.get()).map_err(read)?;
+        specs.insert(task.name, spec);
+    }
+    Ok(Some(specs))
+}
+
+/// An AxDag as JSON whose tasks' specs are left unparsed.
+#[derive(serde::Deserialize)]
+struct RawDag<'a> {
+    metadata: kube::api::ObjectMeta,
+    #[serde(borrow)]
+    spec: RawDagSpec<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawDagSpec<'a> {
+    #[serde(borrow, default)]
+    tasks: Vec<RawDagTask<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawDagTask<'a> {
+    name: String,
+    #[serde(borrow)]
+    spec: &'a serde_json::value::RawValue,
 }
 
 /// The children of this DAG in the cache, by task name: AxTasks in its namespace whose controller
@@ -422,13 +498,11 @@ async fn create_child(
     uid: &str,
     child_name: &str,
     task: &str,
+    spec: &AxTaskSpec,
     ctx: &DagCtx,
 ) -> Result<Created> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let Some(spec) = dag.spec.tasks.iter().find(|t| t.name == task) else {
-        return Err(Error::Incomplete("task in spec"));
-    };
-    let mut child = AxTask::new(child_name, spec.spec.clone());
+    let mut child = AxTask::new(child_name, spec.clone());
     child.metadata.namespace = Some(namespace.clone());
     child.metadata.labels = Some(BTreeMap::from([
         (LABEL_DAG.to_owned(), dag.name_any()),

@@ -8,7 +8,7 @@
 //! was there — and reported once per version with a Warning Event that names the field.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
@@ -124,7 +124,29 @@ impl Placeholder for AxDag {
 #[derive(Clone)]
 pub struct Reporter {
     events: Events,
-    reported: Arc<Mutex<HashSet<(String, String)>>>,
+    reported: Arc<Mutex<Reported>>,
+}
+
+/// By uid, the resourceVersion last reported of each object unreadable now: an object that reads
+/// again, or is deleted, is forgotten, so this holds only what is unreadable.
+#[derive(Debug, Default)]
+struct Reported(HashMap<String, String>);
+
+impl Reported {
+    /// Whether this version of the object is to be reported: not reported before.
+    fn first(&mut self, uid: &str, version: &str) -> bool {
+        if self.0.get(uid).is_some_and(|v| v == version) {
+            return false;
+        }
+        self.0.insert(uid.to_owned(), version.to_owned());
+        true
+    }
+
+    fn forget(&mut self, uid: &str) {
+        if !self.0.is_empty() {
+            self.0.remove(uid);
+        }
+    }
 }
 
 impl Reporter {
@@ -140,14 +162,12 @@ impl Reporter {
         K: Resource<DynamicType = ()> + Placeholder,
     {
         let meta = &unreadable.metadata;
-        let version = (
-            meta.uid.clone().unwrap_or_default(),
-            meta.resource_version.clone().unwrap_or_default(),
-        );
+        let uid = meta.uid.as_deref().unwrap_or_default();
+        let version = meta.resource_version.as_deref().unwrap_or_default();
         let Ok(mut reported) = self.reported.lock() else {
             return;
         };
-        if !reported.insert(version) {
+        if !reported.first(uid, version) {
             return;
         }
         drop(reported);
@@ -167,6 +187,13 @@ impl Reporter {
         let object = K::placeholder(meta.clone());
         self.events
             .publish(&object, EventType::Warning, REASON, &note);
+    }
+
+    /// The object with this metadata reads again, or is gone.
+    fn forget(&self, meta: &ObjectMeta) {
+        if let Ok(mut reported) = self.reported.lock() {
+            reported.forget(meta.uid.as_deref().unwrap_or_default());
+        }
     }
 }
 
@@ -227,6 +254,17 @@ where
         }
         K::placeholder(u.metadata)
     };
+    let forget = |meta: &ObjectMeta| {
+        if let Some(reporter) = reporter {
+            reporter.forget(meta);
+        }
+    };
+    if let InitApply(Checked(Ok(k))) | Apply(Checked(Ok(k))) | Delete(Checked(Ok(k))) = &event {
+        forget(k.meta());
+    }
+    if let Delete(Checked(Err(u))) = &event {
+        forget(&u.metadata);
+    }
     Some(match event {
         Init => Init,
         InitDone => InitDone,
@@ -318,5 +356,23 @@ mod tests {
             Some(watcher::Event::Delete(t)) if t.metadata.name.as_deref() == Some("t")
         ));
         assert!(readable(watcher::Event::InitApply(bad()), None).is_none());
+    }
+
+    #[test]
+    fn each_unreadable_version_is_reported_once_and_forgotten_once_readable() {
+        let mut reported = Reported::default();
+        assert!(reported.first("u", "7"));
+        assert!(!reported.first("u", "7"), "the same version again");
+        assert!(
+            reported.first("u", "8"),
+            "a newer version, still unreadable"
+        );
+        assert!(reported.first("v", "3"));
+        reported.forget("u");
+        assert_eq!(reported.0.len(), 1, "only what is unreadable now is kept");
+        assert!(reported.first("u", "8"), "unreadable again after reading");
+        reported.forget("u");
+        reported.forget("v");
+        assert!(reported.0.is_empty());
     }
 }

@@ -88,8 +88,10 @@ pub async fn task_status(client: &Client, task: &AxTask, status: &AxTaskStatus) 
         .map_err(Error::WriteStatus)
 }
 
-/// Writes a DAG's whole status, conditional on the resourceVersion like [`task_status`].
-pub async fn dag_status(client: &Client, dag: &AxDag, status: &AxDagStatus) -> Result<AxDag> {
+/// Writes a DAG's whole status, conditional on the resourceVersion like [`task_status`]. The DAG
+/// the API server returns is not read: parsed, a DAG of 500 tasks with large specs is many times
+/// its JSON, and the cache gets it from the watch anyway.
+pub async fn dag_status(client: &Client, dag: &AxDag, status: &AxDagStatus) -> Result<()> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxDag> = Api::namespaced(client.clone(), &namespace);
     let patch = serde_json::json!({
@@ -99,9 +101,14 @@ pub async fn dag_status(client: &Client, dag: &AxDag, status: &AxDagStatus) -> R
         "status": status,
     });
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch_status(&dag.name_any(), &params, &Patch::Apply(&patch))
+    let request = kube::core::Request::new(api.resource_url())
+        .patch_subresource("status", &dag.name_any(), &params, &Patch::Apply(&patch))
+        .map_err(|e| Error::WriteStatus(kube::Error::BuildRequest(e)))?;
+    client
+        .request_text(request)
         .await
-        .map_err(Error::WriteStatus)
+        .map_err(Error::WriteStatus)?;
+    Ok(())
 }
 
 /// Applies a queue's status (the queue status loop is its only writer, so no precondition).
