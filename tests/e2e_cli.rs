@@ -694,44 +694,6 @@ async fn concurrent_retries_request_one_re_run() {
     ax(&ns, &["cancel", "dead"]);
 }
 
-/// A kubeconfig for a ServiceAccount of the test namespace that may read tasks and nothing else.
-async fn read_only_kubeconfig(client: &Client, ns: &str) -> tempfile::TempPath {
-    let apply = |doc: serde_json::Value| {
-        let (ok, _, err) = run_kubectl(&["apply", "-f", "-"], Some(&doc.to_string()));
-        assert!(ok, "kubectl apply: {err}");
-    };
-    apply(
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "viewer", "namespace": ns}}),
-    );
-    apply(
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "axtask-viewer", "namespace": ns},
-        "rules": [{"apiGroups": ["ax.dev"], "resources": ["axtasks"], "verbs": ["get", "list", "watch"]}]}),
-    );
-    apply(
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "viewer", "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "axtask-viewer"},
-        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": ns}]}),
-    );
-    let file = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let path = file.to_str().unwrap().to_string();
-    let out = tokio::task::spawn_blocking({
-        let ns = ns.to_string();
-        move || {
-            Command::new(repo_root().join("e2e/cluster.sh"))
-                .args(["sa-kubeconfig", &ns, "viewer", &path])
-                .output()
-                .unwrap()
-        }
-    })
-    .await
-    .unwrap();
-    assert!(out.status.success(), "sa-kubeconfig: {out:?}");
-    let _ = client;
-    file
-}
-
 #[tokio::test]
 async fn errors_are_one_line_with_a_non_zero_exit() {
     let client = client().await;
@@ -768,7 +730,7 @@ async fn errors_are_one_line_with_a_non_zero_exit() {
     // No permission: the verb and the resource are named.
     create(&client, &ns, &sim_task("done", 100, 0, json!({}))).await;
     wait_phase(&client, &ns, "done", TaskPhase::Succeeded, LONG).await;
-    let kubeconfig = read_only_kubeconfig(&client, &ns).await;
+    let kubeconfig = read_only_kubeconfig(&ns).await;
     let kc = kubeconfig.to_str().unwrap();
     ax_with(&["list", "-n", &ns, "--kubeconfig", kc], None, &[]).ok();
     let line =

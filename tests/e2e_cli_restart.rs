@@ -4,55 +4,22 @@
 
 mod common;
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
 use common::cli::*;
+use common::process::Operator;
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
 use serde_json::json;
 
-/// An operator process of this test, SIGKILLed when dropped (also when the test fails), so none
-/// outlives it into the next test.
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_operator(tag: &str) -> Operator {
-    let bin = std::env::var("AX_OPERATOR_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
-    let log_dir = repo_root().join("target/e2e");
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_dir.join("operator-cli-restart.log"))
-        .unwrap();
-    let child = Command::new(bin)
-        .args(["--identity", tag])
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info,ax=debug")
-        .env("AX_METRICS_ADDR", "127.0.0.1:0")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start ax-operator");
-    Operator(child)
-}
-
-fn sigkill(operator: &mut Operator) {
-    // Child::kill sends SIGKILL: no chance to release the lease, like a node or OOM kill.
-    operator.0.kill().expect("SIGKILL the operator");
-    operator.0.wait().unwrap();
+/// An operator of this test, logging to target/e2e/operator-cli-restart.log.
+fn start_operator(identity: &str) -> Operator {
+    Operator::builder(identity)
+        .log("operator-cli-restart.log")
+        .start()
 }
 
 /// Dead after its first attempt (no retries); any later attempt succeeds.
@@ -109,7 +76,7 @@ async fn a_rerun_request_survives_an_operator_sigkill() {
 
     // Requested while the operator runs, then the operator is killed at once.
     ax_async(&ns, &["retry", "before-kill"]).await.ok();
-    sigkill(&mut operator);
+    operator.sigkill();
 
     // With no live operator, retry refuses (one line, non-zero) unless told to go on.
     wait_lease_expired(&client).await;
@@ -141,7 +108,7 @@ async fn a_rerun_request_survives_an_operator_sigkill() {
     assert_eq!(r.code, 0, "{r:#?}");
     // Give a duplicate every chance to show up.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    sigkill(&mut operator);
+    operator.sigkill();
     watch.abort();
 
     let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);

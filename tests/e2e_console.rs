@@ -862,41 +862,6 @@ async fn a_change_without_the_token_or_from_another_origin_is_refused() {
     wait_phase(&client, &ns, "target", TaskPhase::Canceled, LONG).await;
 }
 
-/// A kubeconfig for a ServiceAccount of the test namespace that may read tasks and nothing else.
-async fn read_only_kubeconfig(ns: &str) -> tempfile::TempPath {
-    let apply = |doc: serde_json::Value| {
-        let (ok, _, err) = run_kubectl(&["apply", "-f", "-"], Some(&doc.to_string()));
-        assert!(ok, "kubectl apply: {err}");
-    };
-    apply(
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "viewer", "namespace": ns}}),
-    );
-    apply(
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "axtask-viewer", "namespace": ns},
-        "rules": [{"apiGroups": ["ax.dev"], "resources": ["axtasks"], "verbs": ["get", "list", "watch"]}]}),
-    );
-    apply(
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "viewer", "namespace": ns},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "axtask-viewer"},
-        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": ns}]}),
-    );
-    let file = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let path = file.to_str().unwrap().to_string();
-    let ns = ns.to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(repo_root().join("e2e/cluster.sh"))
-            .args(["sa-kubeconfig", &ns, "viewer", &path])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(out.status.success(), "sa-kubeconfig: {out:?}");
-    file
-}
-
 #[tokio::test]
 async fn a_read_only_user_sees_the_pages_and_is_not_allowed_to_cancel() {
     let client = client().await;

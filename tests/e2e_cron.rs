@@ -20,7 +20,7 @@ async fn every_minute_one_child_per_minute_named_after_its_time() {
     let client = client().await;
     let ns = namespace(&client, "cron-minute").await;
     let (audit, watch) = audit_children(&client, &ns);
-    let manifest = cron_example("cron-hello.yaml", "every-minute", |v| {
+    let manifest = example_of::<AxCron>("cron-hello.yaml", "every-minute", |v| {
         v["spec"]["task"]["template"] = sim_template(500, 0, false);
         v["spec"]["successfulRunsHistoryLimit"] = 10.into();
     });
@@ -300,7 +300,7 @@ async fn replace_cancels_the_running_child_and_the_new_one_runs() {
 async fn a_dag_template_creates_a_dag_that_runs_to_completion_at_each_firing() {
     let client = client().await;
     let ns = namespace(&client, "cron-dag").await;
-    let manifest = cron_example("cron-dag.yaml", "etl", |v| {
+    let manifest = example_of::<AxCron>("cron-dag.yaml", "etl", |v| {
         let spec = &mut v["spec"];
         spec["schedule"] = "*/8 * * * * *".into();
         spec["misfirePolicy"] = "Skip".into();
@@ -457,7 +457,7 @@ async fn invalid_schedules_are_rejected_or_reported_naming_the_field() {
     create_cron(
         &client,
         &ns,
-        &cron_example("cron-invalid-schedule.yaml", "never", |_| {}),
+        &example_of::<AxCron>("cron-invalid-schedule.yaml", "never", |_| {}),
     )
     .await;
     create_cron(

@@ -7,10 +7,10 @@ mod common;
 mod cron_support;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ax::api::AxCron;
+use common::process::{Operator, OperatorBuilder};
 use common::*;
 use cron_support::*;
 use jiff::Timestamp;
@@ -18,75 +18,21 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use kube::ResourceExt;
 use kube::api::Api;
 
-/// An operator process of a test, killed when the test ends, passed or not: one left running
-/// would go on reconciling every namespace beside the next test's.
-struct Operator(Child);
-
-impl std::ops::Deref for Operator {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Operator {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        // Killed and reaped by the test already, or now.
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// An operator of our own, without leader election (no lease to wait for after a SIGKILL: the
 /// point here is what the new process does with the state the old one left).
-fn start_operator(tag: &str) -> Operator {
-    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
-    start_operator_as(tag, &kubeconfig)
+fn start_operator(identity: &str) -> Operator {
+    operator_builder(identity).start()
 }
 
 /// [`start_operator`] with the credentials of `kubeconfig`.
-fn start_operator_as(tag: &str, kubeconfig: &str) -> Operator {
-    let bin = std::env::var("AX_OPERATOR_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-    let log_dir = repo_root().join("target/e2e");
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_dir.join("operator-cron-restart.log"))
-        .unwrap();
-    let child = Command::new(bin)
-        .args(["--identity", tag])
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info,ax=debug")
-        .env("AX_METRICS_ADDR", "127.0.0.1:0")
+fn start_operator_as(identity: &str, kubeconfig: &str) -> Operator {
+    operator_builder(identity).kubeconfig(kubeconfig).start()
+}
+
+fn operator_builder(identity: &str) -> OperatorBuilder {
+    Operator::builder(identity)
+        .log("operator-cron-restart.log")
         .env("AX_LEADER_ELECT", "false")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start ax-operator");
-    Operator(child)
-}
-
-/// SIGTERM and wait: the operator shuts down the way a Deployment rollout stops it.
-fn stop(child: &mut Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-    child.wait().unwrap();
-}
-
-fn sigkill(child: &mut Child) {
-    child.kill().expect("SIGKILL the operator");
-    child.wait().unwrap();
 }
 
 async fn sleep_until(unix: i64) {
@@ -127,7 +73,7 @@ async fn stopped_for_three_times_skip_catches_up_none_run_once_one_run_all_its_m
         )
         .await;
     }
-    stop(&mut operator);
+    operator.terminate();
     assert!(
         Timestamp::now().as_second() < t0 + EVERY,
         "stopped too late to miss three times"
@@ -157,7 +103,7 @@ async fn stopped_for_three_times_skip_catches_up_none_run_once_one_run_all_its_m
             .collect();
         in_outage.insert(name, missed);
     }
-    sigkill(&mut operator);
+    operator.sigkill();
     assert_eq!(in_outage["skip"], [], "Skip: no catch-up");
     assert_eq!(
         in_outage["once"],
@@ -226,7 +172,7 @@ async fn sigkill_right_after_a_child_is_created_never_makes_a_second_child_for_i
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        sigkill(&mut operator);
+        operator.sigkill();
         let cron = crons.get("kill").await.unwrap();
         let handled = cron
             .status
@@ -242,7 +188,7 @@ async fn sigkill_right_after_a_child_is_created_never_makes_a_second_child_for_i
     // Some normal firings after the last restart.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let children = task_children(&client, &ns, "kill").await;
-    sigkill(&mut operator);
+    operator.sigkill();
     watch.abort();
     println!("status write lost before the SIGKILL in {lost_writes} of 3 rounds");
 
@@ -305,31 +251,21 @@ impl Restricted {
             kubeconfig: tempfile::NamedTempFile::new().unwrap().into_temp_path(),
         };
         let name = restricted.cluster_name();
-        apply(
-            serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        kubectl_apply(
+            &serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": "operator", "namespace": ns}}),
         );
-        apply(
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        kubectl_apply(
+            &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": name}, "rules": rules}),
         );
-        apply(
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        kubectl_apply(
+            &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": name},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": ns}]}),
         );
-        let path = restricted.kubeconfig.to_str().unwrap().to_owned();
-        let ns_owned = ns.to_owned();
-        let out = tokio::task::spawn_blocking(move || {
-            Command::new(repo_root().join("e2e/cluster.sh"))
-                .args(["sa-kubeconfig", &ns_owned, "operator", &path])
-                .output()
-                .unwrap()
-        })
-        .await
-        .unwrap();
-        assert!(out.status.success(), "sa-kubeconfig: {out:?}");
+        write_service_account_kubeconfig(ns, "operator", &restricted.kubeconfig).await;
         restricted
     }
 
@@ -349,12 +285,12 @@ impl Restricted {
                 serde_json::json!({"apiGroups": ["ax.dev"], "resources": [resource], "verbs": [verb]})
             })
             .collect();
-        apply(
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        kubectl_apply(
+            &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "withheld", "namespace": self.namespace}, "rules": rules}),
         );
-        apply(
-            serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        kubectl_apply(
+            &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": "withheld", "namespace": self.namespace},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "withheld"},
             "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": self.namespace}]}),
@@ -375,11 +311,6 @@ impl Drop for Restricted {
             None,
         );
     }
-}
-
-fn apply(doc: serde_json::Value) {
-    let (ok, _, err) = run_kubectl(&["apply", "-f", "-"], Some(&doc.to_string()));
-    assert!(ok, "kubectl apply: {err}");
 }
 
 /// Any change of the cron wakes its reconcile (one refused waits 30 s otherwise).
@@ -464,7 +395,7 @@ async fn a_failing_status_write_creates_nothing_and_no_time_fires_twice() {
     }
     // Time for any second child of those times to show.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    sigkill(&mut operator);
+    operator.sigkill();
     watch.abort();
     let uids = audit.lock().unwrap().uids.clone();
     for (name, uids) in &uids {
@@ -551,7 +482,7 @@ async fn a_recorded_firing_whose_create_failed_is_created_when_it_can_be() {
             .is_some_and(|s| s.pending_children.is_empty())
     })
     .await;
-    sigkill(&mut operator);
+    operator.sigkill();
     watch.abort();
     let audit = audit.lock().unwrap();
     for (name, uids) in &audit.uids {

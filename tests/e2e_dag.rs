@@ -17,17 +17,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-/// A DAG manifest from examples/, renamed; `edit` adjusts it for the test.
-fn dag_example(file: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> AxDag {
-    let path = repo_root().join("examples").join(file);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("example is YAML");
-    value["metadata"]["name"] = name.into();
-    edit(&mut value);
-    serde_json::from_value(value).expect("example is an AxDag")
-}
-
 async fn create_dag(client: &Client, ns: &str, dag: &AxDag) {
     let api: Api<AxDag> = Api::namespaced(client.clone(), ns);
     api.create(&PostParams::default(), dag)
@@ -121,7 +110,7 @@ async fn diamond_runs_b_and_c_together_and_d_after_both() {
     create_dag(
         &client,
         &ns,
-        &dag_example("dag-diamond.yaml", "diamond", |_| {}),
+        &example_of::<AxDag>("dag-diamond.yaml", "diamond", |_| {}),
     )
     .await;
     let dag = wait_dag_phase(&client, &ns, "diamond", DagPhase::Succeeded, LONG).await;
@@ -189,7 +178,7 @@ async fn fail_fast_skips_the_rest_after_a_dead_task() {
     create_dag(
         &client,
         &ns,
-        &dag_example("dag-branch-fails.yaml", "ff", |dag| {
+        &example_of::<AxDag>("dag-branch-fails.yaml", "ff", |dag| {
             let c = &mut dag["spec"]["tasks"][2];
             assert_eq!(c["name"], "c");
             c["spec"]["template"]["spec"]["containers"][0]["command"] =
@@ -252,7 +241,7 @@ async fn continue_independent_finishes_the_branch_that_does_not_need_the_dead_ta
     create_dag(
         &client,
         &ns,
-        &dag_example("dag-branch-fails.yaml", "ci", |v| {
+        &example_of::<AxDag>("dag-branch-fails.yaml", "ci", |v| {
             v["spec"]["failurePolicy"] = "ContinueIndependent".into();
         }),
     )
@@ -290,7 +279,7 @@ async fn a_cycle_fails_the_dag_naming_the_cycle_and_creates_nothing() {
     create_dag(
         &client,
         &ns,
-        &dag_example("dag-cycle.yaml", "cycle", |_| {}),
+        &example_of::<AxDag>("dag-cycle.yaml", "cycle", |_| {}),
     )
     .await;
     let dag = wait_dag_phase(&client, &ns, "cycle", DagPhase::Failed, LONG).await;
@@ -326,7 +315,7 @@ async fn a_cycle_fails_the_dag_naming_the_cycle_and_creates_nothing() {
 async fn an_unknown_dependency_fails_the_dag_naming_it() {
     let client = client().await;
     let ns = namespace(&client, "dag-unknown").await;
-    let dag = dag_example("dag-diamond.yaml", "typo", |v| {
+    let dag = example_of::<AxDag>("dag-diamond.yaml", "typo", |v| {
         v["spec"]["tasks"][3]["dependsOn"] = serde_json::json!(["b", "cc"]);
     });
     create_dag(&client, &ns, &dag).await;
@@ -350,7 +339,12 @@ async fn an_unknown_dependency_fails_the_dag_naming_it() {
 async fn cancel_mid_run_cancels_the_running_children() {
     let client = client().await;
     let ns = namespace(&client, "dag-cancel").await;
-    create_dag(&client, &ns, &dag_example("dag-long.yaml", "long", |_| {})).await;
+    create_dag(
+        &client,
+        &ns,
+        &example_of::<AxDag>("dag-long.yaml", "long", |_| {}),
+    )
+    .await;
     for task in ["long-first", "long-second"] {
         wait_phase(&client, &ns, task, TaskPhase::Running, LONG).await;
     }

@@ -5,39 +5,23 @@
 
 mod common;
 
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
 use common::audit::audit;
+use common::process::Operator;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 
-fn start_operator(tag: &str, kubeconfig: &str) -> Child {
-    let bin = std::env::var("AX_OPERATOR_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-    let log_dir = repo_root().join("target/e2e");
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_dir.join("operator-fencing.log"))
-        .unwrap();
-    Command::new(bin)
-        .args(["--identity", tag])
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info,ax=debug")
-        .env("AX_METRICS_ADDR", "127.0.0.1:0")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start ax-operator")
-}
-
-fn sigkill(child: &mut Child) {
-    child.kill().expect("SIGKILL the operator");
-    child.wait().unwrap();
+/// An operator of this test with the credentials of `kubeconfig`, logging to
+/// target/e2e/operator-fencing.log.
+fn start_operator(identity: &str, kubeconfig: &str) -> Operator {
+    Operator::builder(identity)
+        .log("operator-fencing.log")
+        .kubeconfig(kubeconfig)
+        .start()
 }
 
 fn operator_kubeconfig() -> String {
@@ -148,7 +132,7 @@ async fn a_kill_lost_with_the_operator_is_sent_by_the_next_one() {
     wait_phase(&client, &ns, "orphan", TaskPhase::Canceled, LONG).await;
     // Its delete is refused; it dies without ever getting it through.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    sigkill(&mut operator);
+    operator.sigkill();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     assert!(
         pod_alive(&pods.get_opt("orphan-1").await.unwrap()),
@@ -165,7 +149,7 @@ async fn a_kill_lost_with_the_operator_is_sent_by_the_next_one() {
         })
     })
     .await;
-    sigkill(&mut operator);
+    operator.sigkill();
     audit.assert_one_live_worker("orphan");
     let (ok, _, err) = run_kubectl(
         &[
@@ -231,7 +215,7 @@ async fn a_kubelet_that_stops_answering_never_gets_a_second_worker_beside_the_fi
     let s = t.status.clone().unwrap();
     assert_eq!(s.phase, Some(TaskPhase::Succeeded), "{:#?}", s.history);
     assert_eq!(s.attempt, 2);
-    sigkill(&mut operator);
+    operator.sigkill();
     audit.assert_one_live_worker("cut-off");
     assert_eq!(
         audit.pod_lifecycle("cut-off"),
@@ -251,7 +235,7 @@ async fn a_finished_worker_deleted_before_any_operator_reads_it_keeps_its_outcom
     let mut operator = start_operator("fencing-deleted-a", &operator_kubeconfig());
     create(&client, &ns, &long_task("done", "sleep 8")).await;
     wait_phase(&client, &ns, "done", TaskPhase::Running, LONG).await;
-    sigkill(&mut operator);
+    operator.sigkill();
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let deadline = Instant::now() + LONG;
@@ -280,7 +264,7 @@ async fn a_finished_worker_deleted_before_any_operator_reads_it_keeps_its_outcom
     assert_eq!(s.phase, Some(TaskPhase::Succeeded), "{:#?}", s.history);
     assert_eq!(s.attempt, 1, "the work ran once: {:#?}", s.history);
     wait_pod_gone(&client, &ns, "done-1", LONG).await;
-    sigkill(&mut operator);
+    operator.sigkill();
     audit.assert_one_live_worker("done");
     assert_eq!(
         audit.pod_lifecycle("done"),

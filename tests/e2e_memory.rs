@@ -10,17 +10,14 @@
 
 mod common;
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxDag, AxTask};
+use common::process::Operator;
 use common::*;
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const TASKS: usize = 150;
 const DAGS: usize = 30;
@@ -43,120 +40,13 @@ const RUNNING_GROWTH_KIB: u64 = 192 * 1024;
 /// more than 200 MiB.
 const RESTARTED_GROWTH_KIB: u64 = 128 * 1024;
 
-/// An ax-operator process on this machine; killed when dropped (a failing test leaves none).
-struct Operator {
-    child: Child,
-    identity: String,
-    http_port: u16,
-}
-
-impl Operator {
-    fn start(identity: &str) -> Operator {
-        // The binary cargo built for this test run, unless the runner names another.
-        let bin = std::env::var("AX_OPERATOR_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-        let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
-        let http_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let log_dir = repo_root().join("target/e2e");
-        std::fs::create_dir_all(&log_dir).unwrap();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log_dir.join("operator-memory.log"))
-            .unwrap();
-        let child = Command::new(bin)
-            .args(["--identity", identity])
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,ax=debug")
-            .env("AX_METRICS_ADDR", format!("127.0.0.1:{http_port}"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start ax-operator");
-        Operator {
-            child,
-            identity: identity.to_string(),
-            http_port,
-        }
-    }
-
-    /// (VmRSS, VmHWM) in KiB: its resident memory now and at its peak.
-    fn memory_kib(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .expect("the operator runs");
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or_else(|| panic!("{name} in /proc/<pid>/status:\n{status}"))
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(exit) = self.child.try_wait().expect("wait") {
-            panic!("the operator exited ({exit}); see target/e2e/operator-memory.log");
-        }
-    }
-
-    /// Whether `/readyz` answers 200: every informer cache has listed.
-    async fn ready(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.http_port)).await else {
-            return false;
-        };
-        let request = b"GET /readyz HTTP/1.0\r\nhost: localhost\r\n\r\n";
-        if stream.write_all(request).await.is_err() {
-            return false;
-        }
-        let mut response = String::new();
-        let read = tokio::time::timeout(
-            Duration::from_secs(10),
-            stream.read_to_string(&mut response),
-        );
-        matches!(read.await, Ok(Ok(_))) && response.starts_with("HTTP/1.0 200")
-    }
-
-    /// Whether this operator holds the `ax-operator` Lease.
-    async fn leading(&self, client: &Client) -> bool {
-        let leases: Api<Lease> = Api::all(client.clone());
-        let fields = format!("metadata.name={}", operator::LEASE_NAME);
-        let list = leases.list(&ListParams::default().fields(&fields)).await;
-        list.expect("list leases").items.iter().any(|lease| {
-            lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                == Some(self.identity.as_str())
-        })
-    }
-
-    /// Waits until it leads and `/readyz` answers 200, which a leader does only once every cache
-    /// has listed: it has read every task. (A standby is ready at once and reads nothing; a
-    /// restarted one leads only once the killed one's Lease expired.)
-    async fn wait_leading_and_ready(&mut self, client: &Client) {
-        let deadline = Instant::now() + LONG;
-        while !(self.leading(client).await && self.ready().await) {
-            self.assert_running();
-            assert!(
-                Instant::now() < deadline,
-                "{} not leading and ready within {LONG:?}",
-                self.identity
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        // SIGKILL, as the OOM killer would.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// An operator of this test, its /readyz on a port of its own, logging to
+/// target/e2e/operator-memory.log; SIGKILLed when dropped, as the OOM killer would.
+fn start_operator(identity: &str) -> Operator {
+    Operator::builder(identity)
+        .log("operator-memory.log")
+        .http_port()
+        .start()
 }
 
 /// Waits until `count` tasks in `ns` have been seen by the operator: held, with the `Queued`
@@ -249,7 +139,7 @@ async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() 
     operator::assert_no_leader(&client).await;
     let ns = namespace(&client, "memory").await;
     let _cleanup = NamespaceDeletedOnDrop(ns.clone());
-    let mut operator = Operator::start("memory-a");
+    let mut operator = start_operator("memory-a");
     operator.wait_leading_and_ready(&client).await;
     let (_, baseline) = operator.memory_kib();
     println!("before the tasks: VmHWM {} MiB", baseline / 1024);
@@ -286,7 +176,7 @@ async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() 
 
     // A restart lists every task at once, faster than the caches take them in; nothing is written.
     drop(operator);
-    let mut operator = Operator::start("memory-b");
+    let mut operator = start_operator("memory-b");
     operator.wait_leading_and_ready(&client).await;
     let restarted = assert_memory_bounded(
         &mut operator,
@@ -332,7 +222,7 @@ async fn large_dags_cost_the_operator_their_graph_not_their_specs() {
     operator::assert_no_leader(&client).await;
     let ns = namespace(&client, "memory-dags").await;
     let _cleanup = NamespaceDeletedOnDrop(ns.clone());
-    let mut operator = Operator::start("memory-dags-a");
+    let mut operator = start_operator("memory-dags-a");
     operator.wait_leading_and_ready(&client).await;
     let (_, baseline) = operator.memory_kib();
     println!("before the DAGs: VmHWM {} MiB", baseline / 1024);
@@ -392,7 +282,7 @@ async fn large_dags_cost_the_operator_their_graph_not_their_specs() {
     .await;
 
     drop(operator);
-    let mut operator = Operator::start("memory-dags-b");
+    let mut operator = start_operator("memory-dags-b");
     operator.wait_leading_and_ready(&client).await;
     let restarted = assert_memory_bounded(
         &mut operator,

@@ -6,11 +6,10 @@
 
 mod common;
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use common::process::Operator;
 use common::repo_root;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -78,104 +77,15 @@ fn kubeconfig_through(proxy_port: u16, name: &str) -> (std::path::PathBuf, Strin
     (file, upstream.expect("a cluster in the kubeconfig"))
 }
 
-/// An operator process, stopped (SIGTERM, then SIGKILL) when dropped.
-struct Operator {
-    child: Child,
-    http_port: u16,
-}
-
-impl Operator {
-    fn start(name: &str, kubeconfig: &std::path::Path, args: &[&str]) -> Operator {
-        let bin = std::env::var("AX_OPERATOR_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-        let http_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(repo_root().join(format!("target/e2e/operator-{name}.log")))
-            .expect("log file");
-        let child = Command::new(bin)
-            .args(["--identity", name])
-            .args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,ax=debug")
-            .env("AX_METRICS_ADDR", format!("127.0.0.1:{http_port}"))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start ax-operator");
-        Operator { child, http_port }
-    }
-
-    /// `/readyz`: (status code, body), or None while nothing listens yet.
-    async fn readyz(&self) -> Option<(u16, String)> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.http_port))
-            .await
-            .ok()?;
-        stream
-            .write_all(b"GET /readyz HTTP/1.0\r\nhost: localhost\r\n\r\n")
-            .await
-            .ok()?;
-        let mut response = String::new();
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            stream.read_to_string(&mut response),
-        )
-        .await
-        .ok()?
-        .ok()?;
-        let code = response.split(' ').nth(1)?.parse().ok()?;
-        let body = response.split_once("\r\n\r\n")?.1.to_string();
-        Some((code, body))
-    }
-
-    /// Polls `/readyz` until it answers, for up to `timeout`.
-    async fn first_answer(&self, timeout: Duration) -> (u16, String) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(answer) = self.readyz().await {
-                return answer;
-            }
-            assert!(Instant::now() < deadline, "/readyz never answered");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let answer = self.readyz().await;
-            if answer.as_ref().is_some_and(|(code, _)| *code == 200) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "/readyz not 200 within {timeout:?}: {answer:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        // SIGTERM: a leader releases its Lease, so the next operator need not wait it out.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// An operator as `name` with the credentials of `kubeconfig`, its /readyz on a port of its own,
+/// stopped with SIGTERM when dropped (a leader releases its Lease for the next test's operator).
+fn start_operator(name: &str, kubeconfig: &std::path::Path, args: &[&str]) -> Operator {
+    Operator::builder(name)
+        .kubeconfig(kubeconfig)
+        .args(args)
+        .http_port()
+        .terminate_on_drop()
+        .start()
 }
 
 /// Holds the API server away for a few seconds and checks /readyz says 503 with `reason`
@@ -201,7 +111,7 @@ async fn readyz_is_503_until_every_cache_has_listed() {
     let (_, upstream) = kubeconfig_through(1, "readiness-probe");
     let proxy = GatedProxy::start(upstream).await;
     let (kubeconfig, _) = kubeconfig_through(proxy.port, "readiness-caches");
-    let operator = Operator::start("readiness-caches", &kubeconfig, &["--leader-elect=false"]);
+    let operator = start_operator("readiness-caches", &kubeconfig, &["--leader-elect=false"]);
     assert_not_ready_while_held(&operator, "caches not synced").await;
     proxy.open();
     operator.wait_ready(Duration::from_secs(60)).await;
@@ -212,7 +122,7 @@ async fn readyz_is_503_until_the_role_is_known_then_200_once_leading_and_synced(
     let (_, upstream) = kubeconfig_through(1, "readiness-probe");
     let proxy = GatedProxy::start(upstream).await;
     let (kubeconfig, _) = kubeconfig_through(proxy.port, "readiness-role");
-    let operator = Operator::start("readiness-role", &kubeconfig, &[]);
+    let operator = start_operator("readiness-role", &kubeconfig, &[]);
     assert_not_ready_while_held(&operator, "leader election role not known").await;
     proxy.open();
     // Alone, it takes the Lease, then its caches list.

@@ -4,41 +4,19 @@
 
 mod common;
 
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, TaskPhase};
+use common::process::Operator;
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use kube::api::{Api, ListParams};
 
-fn start_operator(tag: &str) -> Child {
-    // The binary cargo built for this test run, unless the runner names another.
-    let bin = std::env::var("AX_OPERATOR_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
-    let log_dir = repo_root().join("target/e2e");
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_dir.join("operator-restart.log"))
-        .unwrap();
-    Command::new(bin)
-        .args(["--identity", tag])
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info,ax=debug")
-        .env("AX_METRICS_ADDR", "127.0.0.1:0")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start ax-operator")
-}
-
-fn sigkill(child: &mut Child) {
-    // Child::kill sends SIGKILL: no chance to clean up, like a node or OOM kill.
-    child.kill().expect("SIGKILL the operator");
-    child.wait().unwrap();
+/// An operator of this test, logging to target/e2e/operator-restart.log.
+fn start_operator(identity: &str) -> Operator {
+    Operator::builder(identity)
+        .log("operator-restart.log")
+        .start()
 }
 
 /// A task of `seconds` on the real kubelet, or on a simulated node.
@@ -89,7 +67,7 @@ async fn operator_killed_mid_flight_loses_nothing_and_duplicates_nothing() {
             assert!(Instant::now() < deadline, "tasks never got in flight");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        sigkill(&mut operator);
+        operator.sigkill();
         tokio::time::sleep(Duration::from_secs(2)).await;
         operator = start_operator(&format!("restart-{round}"));
     }
@@ -114,7 +92,7 @@ async fn operator_killed_mid_flight_loses_nothing_and_duplicates_nothing() {
         );
         assert_history_chain(&t);
     }
-    sigkill(&mut operator);
+    operator.sigkill();
     tokio::time::sleep(Duration::from_secs(2)).await;
     watch.abort();
 

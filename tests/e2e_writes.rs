@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
@@ -14,6 +13,7 @@ use kube::api::DeleteParams;
 use std::time::Duration;
 
 use ax::api::TaskPhase;
+use common::process::Operator;
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 
@@ -83,35 +83,14 @@ fn sum(requests: &Requests, resource: &str, code: impl Fn(&str) -> bool) -> f64 
         .sum()
 }
 
-/// An operator process, stopped when dropped (also when the test fails).
-struct Operator(Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The operator under test, as `identity`, logging to `target/e2e/operator-<identity>.log`.
+/// The operator under test, as `identity`, logging to `target/e2e/operator-<identity>.log`
+/// (this run alone).
 fn start_operator(identity: &str, args: &[&str]) -> Operator {
-    let bin = std::env::var("AX_OPERATOR_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ax-operator").into());
-    let kubeconfig = std::env::var("AX_OPERATOR_KUBECONFIG").expect("AX_OPERATOR_KUBECONFIG");
-    let log_dir = repo_root().join("target/e2e");
-    std::fs::create_dir_all(&log_dir).unwrap();
-    let log = std::fs::File::create(log_dir.join(format!("operator-{identity}.log"))).unwrap();
-    Command::new(bin)
-        .args(["--identity", identity])
+    Operator::builder(identity)
+        .fresh_log()
         .args(args)
-        .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
-        .env("AX_METRICS_ADDR", "127.0.0.1:0")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .map(Operator)
-        .expect("start ax-operator")
+        .start()
 }
 
 #[tokio::test]

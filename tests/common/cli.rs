@@ -1,7 +1,6 @@
 //! Running the real `kubectl-ax` binary in the e2e tests, against the cluster in KUBECONFIG.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// What one run of kubectl-ax did.
 #[derive(Debug)]
@@ -35,27 +34,11 @@ pub fn bin() -> &'static str {
 /// `kubectl-ax ARGS` with `extra_env`, and `stdin` written to it (closed when None).
 pub fn ax_with(args: &[&str], stdin: Option<&str>, extra_env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(bin());
-    cmd.args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
+    cmd.args(args);
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("run kubectl-ax");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().expect("kubectl-ax output");
+    let out = super::output_with_stdin(&mut cmd, stdin);
     Run {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into(),

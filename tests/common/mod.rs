@@ -9,12 +9,14 @@ pub mod cluster;
 pub mod helm;
 pub mod metrics;
 pub mod operator;
+pub mod process;
 pub mod queue;
 pub mod sim;
 pub mod sim_pool;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,13 +55,27 @@ pub fn repo_root() -> PathBuf {
 
 /// An example manifest from examples/, renamed; `edit` adjusts it for the test.
 pub fn example(file: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> AxTask {
+    example_of(file, name, edit)
+}
+
+/// [`example`] for a manifest of any kind: an AxDag, an AxCron.
+pub fn example_of<K: serde::de::DeserializeOwned>(
+    file: &str,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> K {
     let path = repo_root().join("examples").join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("example is YAML");
     value["metadata"]["name"] = name.into();
     edit(&mut value);
-    serde_json::from_value(value).expect("example is an AxTask")
+    serde_json::from_value(value).unwrap_or_else(|e| {
+        panic!(
+            "example {file} is not a {}: {e}",
+            std::any::type_name::<K>()
+        )
+    })
 }
 
 pub async fn create(client: &Client, ns: &str, task: &AxTask) -> AxTask {
@@ -253,31 +269,90 @@ pub fn kubectl_ok(args: &[&str]) -> String {
 
 /// Runs kubectl; returns (success, stdout, stderr).
 pub fn run_kubectl(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    use std::io::Write;
     let mut cmd = std::process::Command::new(kubectl());
-    cmd.args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    cmd.stdin(if stdin.is_some() {
-        std::process::Stdio::piped()
-    } else {
-        std::process::Stdio::null()
-    });
-    let mut child = cmd.spawn().expect("run kubectl");
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().expect("kubectl output");
+    cmd.args(args);
+    let out = output_with_stdin(&mut cmd, stdin);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
     )
+}
+
+/// Runs `cmd` with `stdin` written to it (closed at once when None); its output.
+pub fn output_with_stdin(cmd: &mut std::process::Command, stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("run {program}: {e}"));
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin piped")
+            .write_all(input.as_bytes())
+            .unwrap_or_else(|e| panic!("write to {program}: {e}"));
+    }
+    child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("output of {program}: {e}"))
+}
+
+/// `kubectl apply` of one object; panics unless it succeeds.
+pub fn kubectl_apply(object: &serde_json::Value) {
+    let (ok, _, err) = run_kubectl(&["apply", "-f", "-"], Some(&object.to_string()));
+    assert!(ok, "kubectl apply: {err}");
+}
+
+/// Writes to `path` a kubeconfig for ServiceAccount `account` of `ns` (e2e/cluster.sh
+/// sa-kubeconfig), off the async test's thread.
+pub async fn write_service_account_kubeconfig(ns: &str, account: &str, path: &Path) {
+    let args = [
+        "sa-kubeconfig".to_string(),
+        ns.to_string(),
+        account.to_string(),
+        path.to_str().expect("a UTF-8 path").to_string(),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(repo_root().join("e2e/cluster.sh"))
+            .args(&args)
+            .output()
+            .expect("run e2e/cluster.sh")
+    })
+    .await
+    .expect("e2e/cluster.sh thread");
+    assert!(out.status.success(), "sa-kubeconfig: {out:?}");
+}
+
+/// A kubeconfig for a ServiceAccount `viewer` of the test namespace that may read tasks and
+/// nothing else; the file goes when dropped.
+pub async fn read_only_kubeconfig(ns: &str) -> tempfile::TempPath {
+    kubectl_apply(
+        &serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "viewer", "namespace": ns}}),
+    );
+    kubectl_apply(
+        &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "axtask-viewer", "namespace": ns},
+        "rules": [{"apiGroups": ["ax.dev"], "resources": ["axtasks"], "verbs": ["get", "list", "watch"]}]}),
+    );
+    kubectl_apply(
+        &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "viewer", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "axtask-viewer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": ns}]}),
+    );
+    let file = tempfile::NamedTempFile::new()
+        .expect("a temporary file")
+        .into_temp_path();
+    write_service_account_kubeconfig(ns, "viewer", &file).await;
+    file
 }
 
 pub fn names(t: &AxTask) -> String {

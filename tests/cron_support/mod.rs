@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use crate::common::{phase, repo_root};
+use crate::common::phase;
 
 /// A pod template for a simulated node: "runs" for `millis`, exits with `exit_code`, or never
 /// finishes when `hang`.
@@ -52,17 +52,6 @@ pub fn cron(name: &str, spec: serde_json::Value) -> AxCron {
         "spec": spec,
     }))
     .expect("an AxCron")
-}
-
-/// A cron manifest from examples/, renamed; `edit` adjusts it for the test.
-pub fn cron_example(file: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> AxCron {
-    let path = repo_root().join("examples").join(file);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("example is YAML");
-    value["metadata"]["name"] = name.into();
-    edit(&mut value);
-    serde_json::from_value(value).expect("example is an AxCron")
 }
 
 pub async fn create_cron(client: &Client, ns: &str, cron: &AxCron) -> AxCron {
