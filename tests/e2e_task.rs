@@ -6,18 +6,50 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ax::api::{AxTask, FailureKind, TaskPhase};
+use ax::api::{AxTask, AxTaskStatus, Condition, FailureKind, TaskPhase};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
 use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams};
+
+/// A fresh namespace for `test` holding the example `file` as task `name`, once that is in phase
+/// `want`: (the client, the namespace, the task as it was then).
+async fn example_in_phase(
+    test: &str,
+    file: &str,
+    name: &str,
+    want: TaskPhase,
+) -> (Client, String, AxTask) {
+    let client = client().await;
+    let ns = namespace(&client, test).await;
+    create(&client, &ns, &example(file, name, |_| {})).await;
+    let task = wait_phase(&client, &ns, name, want, LONG).await;
+    (client, ns, task)
+}
+
+/// Waits until the task's callback has an outcome: (its status then, the CallbackDelivered
+/// condition).
+async fn wait_callback_outcome(client: &Client, ns: &str, name: &str) -> (AxTaskStatus, Condition) {
+    let delivered = |s: &AxTaskStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "CallbackDelivered")
+            .cloned()
+    };
+    let t = wait_task(client, ns, name, LONG, |t| {
+        t.status.as_ref().and_then(delivered).is_some()
+    })
+    .await;
+    let s = t.status.expect("a status");
+    let condition = delivered(&s).expect("the CallbackDelivered condition");
+    (s, condition)
+}
 
 #[tokio::test]
 async fn succeeds_on_the_first_attempt() {
-    let client = client().await;
-    let ns = namespace(&client, "hello").await;
-    create(&client, &ns, &example("hello.yaml", "hello", |_| {})).await;
-    let t = wait_phase(&client, &ns, "hello", TaskPhase::Succeeded, LONG).await;
+    let (client, ns, t) =
+        example_in_phase("hello", "hello.yaml", "hello", TaskPhase::Succeeded).await;
     let s = t.status.clone().unwrap();
     assert_eq!((s.attempt, s.retries), (1, 0));
     assert_eq!(s.worker.as_deref(), Some("hello-1"));
@@ -54,10 +86,8 @@ async fn succeeds_on_the_first_attempt() {
 
 #[tokio::test]
 async fn retries_with_growing_backoff_until_success() {
-    let client = client().await;
-    let ns = namespace(&client, "retry").await;
-    create(&client, &ns, &example("retry.yaml", "flaky", |_| {})).await;
-    let t = wait_phase(&client, &ns, "flaky", TaskPhase::Succeeded, LONG).await;
+    let (client, ns, t) =
+        example_in_phase("retry", "retry.yaml", "flaky", TaskPhase::Succeeded).await;
     let s = t.status.clone().unwrap();
     assert_eq!((s.attempt, s.retries), (3, 2), "{:#?}", s.history);
     assert_history_chain(&t);
@@ -93,15 +123,13 @@ async fn retries_with_growing_backoff_until_success() {
 
 #[tokio::test]
 async fn exit_code_rule_dead_ends_after_one_attempt() {
-    let client = client().await;
-    let ns = namespace(&client, "deadrule").await;
-    create(
-        &client,
-        &ns,
-        &example("dead-on-exit-code.yaml", "bad-input", |_| {}),
+    let (client, ns, t) = example_in_phase(
+        "deadrule",
+        "dead-on-exit-code.yaml",
+        "bad-input",
+        TaskPhase::Dead,
     )
     .await;
-    let t = wait_phase(&client, &ns, "bad-input", TaskPhase::Dead, LONG).await;
     let s = t.status.clone().unwrap();
     assert_eq!((s.attempt, s.retries), (1, 0));
     let failure = s.last_failure.unwrap();
@@ -117,15 +145,8 @@ async fn exit_code_rule_dead_ends_after_one_attempt() {
 
 #[tokio::test]
 async fn business_error_is_not_retried() {
-    let client = client().await;
-    let ns = namespace(&client, "biz").await;
-    create(
-        &client,
-        &ns,
-        &example("business-error.yaml", "charge-card", |_| {}),
-    )
-    .await;
-    let t = wait_phase(&client, &ns, "charge-card", TaskPhase::Dead, LONG).await;
+    let (_, _, t) =
+        example_in_phase("biz", "business-error.yaml", "charge-card", TaskPhase::Dead).await;
     let s = t.status.clone().unwrap();
     assert_eq!(s.attempt, 1);
     let failure = s.last_failure.unwrap();
@@ -139,15 +160,13 @@ async fn business_error_is_not_retried() {
 
 #[tokio::test]
 async fn always_failing_task_dies_after_max_retries() {
-    let client = client().await;
-    let ns = namespace(&client, "exhaust").await;
-    create(
-        &client,
-        &ns,
-        &example("always-fails.yaml", "always-fails", |_| {}),
+    let (client, ns, t) = example_in_phase(
+        "exhaust",
+        "always-fails.yaml",
+        "always-fails",
+        TaskPhase::Dead,
     )
     .await;
-    let t = wait_phase(&client, &ns, "always-fails", TaskPhase::Dead, LONG).await;
     let s = t.status.clone().unwrap();
     assert_eq!((s.attempt, s.retries), (3, 2));
     let dead = s.dead_reason.clone().unwrap();
@@ -174,10 +193,8 @@ async fn always_failing_task_dies_after_max_retries() {
 
 #[tokio::test]
 async fn hard_timeout_kills_the_worker_and_retries() {
-    let client = client().await;
-    let ns = namespace(&client, "hard").await;
-    create(&client, &ns, &example("hard-timeout.yaml", "hangs", |_| {})).await;
-    let t = wait_phase(&client, &ns, "hangs", TaskPhase::Dead, LONG).await;
+    let (client, ns, t) =
+        example_in_phase("hard", "hard-timeout.yaml", "hangs", TaskPhase::Dead).await;
     let s = t.status.clone().unwrap();
     assert_eq!((s.attempt, s.retries), (2, 1), "{:#?}", s.history);
     let timed_out: Vec<_> = history(&t)
@@ -195,10 +212,8 @@ async fn hard_timeout_kills_the_worker_and_retries() {
 
 #[tokio::test]
 async fn soft_timeout_on_a_healthy_worker_only_warns() {
-    let client = client().await;
-    let ns = namespace(&client, "soft").await;
-    create(&client, &ns, &example("soft-timeout.yaml", "slow", |_| {})).await;
-    let t = wait_phase(&client, &ns, "slow", TaskPhase::Succeeded, LONG).await;
+    let (client, ns, t) =
+        example_in_phase("soft", "soft-timeout.yaml", "slow", TaskPhase::Succeeded).await;
     let s = t.status.clone().unwrap();
     assert_eq!(s.attempt, 1);
     assert!(!phases(&t).contains(&TaskPhase::TimedOut));
@@ -212,15 +227,13 @@ async fn soft_timeout_on_a_healthy_worker_only_warns() {
 
 #[tokio::test]
 async fn cancel_while_running_kills_the_worker() {
-    let client = client().await;
-    let ns = namespace(&client, "cancel").await;
-    create(
-        &client,
-        &ns,
-        &example("long-running.yaml", "long-job", |_| {}),
+    let (client, ns, _) = example_in_phase(
+        "cancel",
+        "long-running.yaml",
+        "long-job",
+        TaskPhase::Running,
     )
     .await;
-    wait_phase(&client, &ns, "long-job", TaskPhase::Running, LONG).await;
     let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
     let patch = serde_json::json!({"spec": {"cancel": true}});
     api.patch("long-job", &PatchParams::default(), &Patch::Merge(&patch))
@@ -238,15 +251,8 @@ async fn cancel_while_running_kills_the_worker() {
 
 #[tokio::test]
 async fn worker_deleted_by_hand_is_retried_without_using_a_retry() {
-    let client = client().await;
-    let ns = namespace(&client, "podgone").await;
-    create(
-        &client,
-        &ns,
-        &example("resilient.yaml", "resilient", |_| {}),
-    )
-    .await;
-    wait_phase(&client, &ns, "resilient", TaskPhase::Running, LONG).await;
+    let (client, ns, _) =
+        example_in_phase("podgone", "resilient.yaml", "resilient", TaskPhase::Running).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     pods.delete("resilient-1", &DeleteParams::default())
         .await
@@ -298,10 +304,8 @@ async fn start_after_delays_the_first_dispatch() {
 
 #[tokio::test]
 async fn ttl_deletes_the_finished_task_and_its_pods() {
-    let client = client().await;
-    let ns = namespace(&client, "ttl").await;
-    create(&client, &ns, &example("ttl.yaml", "short-lived", |_| {})).await;
-    let t = wait_phase(&client, &ns, "short-lived", TaskPhase::Succeeded, LONG).await;
+    let (client, ns, t) =
+        example_in_phase("ttl", "ttl.yaml", "short-lived", TaskPhase::Succeeded).await;
     let finished = t.status.unwrap().finished_at.unwrap();
     let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
     let deadline = std::time::Instant::now() + LONG;
@@ -357,23 +361,12 @@ async fn callback_receives_the_final_status() {
         }),
     )
     .await;
-    let t = wait_task(&client, &ns, "notify-me", LONG, |t| {
-        t.status
-            .as_ref()
-            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CallbackDelivered"))
-    })
-    .await;
-    let s = t.status.unwrap();
+    let (s, delivered) = wait_callback_outcome(&client, &ns, "notify-me").await;
     assert_eq!(
         s.phase,
         Some(TaskPhase::Succeeded),
         "the callback never changes the phase"
     );
-    let delivered = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "CallbackDelivered")
-        .unwrap();
     assert_eq!(
         (delivered.status.as_str(), delivered.reason.as_str()),
         ("True", "Delivered"),
@@ -429,23 +422,12 @@ async fn callbacks_to_the_inside_are_refused_without_a_connection() {
         create(&client, &ns, &task).await;
     }
     for (name, url, why) in &targets {
-        let t = wait_task(&client, &ns, name, LONG, |t| {
-            t.status
-                .as_ref()
-                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CallbackDelivered"))
-        })
-        .await;
-        let s = t.status.unwrap();
+        let (s, c) = wait_callback_outcome(&client, &ns, name).await;
         assert_eq!(
             s.phase,
             Some(TaskPhase::Succeeded),
             "{name}: the phase stays"
         );
-        let c = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "CallbackDelivered")
-            .unwrap();
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("False", "CallbackRefused"),
@@ -566,18 +548,7 @@ async fn callbacks_beyond_the_delivery_limit_wait_their_turn_and_all_arrive() {
         create(&client, &ns, &task).await;
     }
     for name in &names {
-        let t = wait_task(&client, &ns, name, LONG, |t| {
-            t.status
-                .as_ref()
-                .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "CallbackDelivered"))
-        })
-        .await;
-        let s = t.status.unwrap();
-        let c = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "CallbackDelivered")
-            .unwrap();
+        let (_, c) = wait_callback_outcome(&client, &ns, name).await;
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("True", "Delivered"),
@@ -633,15 +604,13 @@ async fn invalid_manifests_are_rejected_with_the_field_named() {
 
 #[tokio::test]
 async fn accepted_but_invalid_spec_goes_dead_without_running() {
-    let client = client().await;
-    let ns = namespace(&client, "invalidspec").await;
-    create(
-        &client,
-        &ns,
-        &example("invalid-timeouts.yaml", "contradictory", |_| {}),
+    let (client, ns, t) = example_in_phase(
+        "invalidspec",
+        "invalid-timeouts.yaml",
+        "contradictory",
+        TaskPhase::Dead,
     )
     .await;
-    let t = wait_phase(&client, &ns, "contradictory", TaskPhase::Dead, LONG).await;
     let s = t.status.clone().unwrap();
     assert_eq!(s.reason.as_deref(), Some("InvalidSpec"));
     assert_eq!(s.attempt, 0, "nothing ran");
@@ -670,10 +639,7 @@ async fn accepted_but_invalid_spec_goes_dead_without_running() {
 
 #[tokio::test]
 async fn kubectl_shows_columns_and_explains_fields() {
-    let client = client().await;
-    let ns = namespace(&client, "kubectl").await;
-    create(&client, &ns, &example("hello.yaml", "shown", |_| {})).await;
-    wait_phase(&client, &ns, "shown", TaskPhase::Succeeded, LONG).await;
+    let (_, ns, _) = example_in_phase("kubectl", "hello.yaml", "shown", TaskPhase::Succeeded).await;
     let (ok, out, err) = run_kubectl(&["get", "axtasks", "-n", &ns], None);
     assert!(ok, "{err}");
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
