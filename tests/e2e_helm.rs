@@ -31,13 +31,74 @@ use kube::api::{Api, ListParams};
 
 // --- tests ------------------------------------------------------------------------------------
 
+/// A release of the chart with two operator pods, both Running and Ready, one of them leading.
+struct Replicas {
+    client: kube::Client,
+    /// Uninstalls when dropped: bind it for the whole test.
+    release: Release,
+    ns: String,
+    pods: Vec<Pod>,
+    names: Vec<String>,
+    leader: String,
+    standby: String,
+}
+
+/// Installs the chart with its defaults (two replicas) for `test` and waits until they are ready
+/// and one leads.
+async fn install_two_replicas(test: &str) -> Replicas {
+    let client = client().await;
+    let release = Release::install(&client, test, serde_json::json!({})).await;
+    let ns = release.namespace.clone();
+    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+    let leader = wait_leader(&client, &ns, &names).await;
+    let standby = names
+        .iter()
+        .find(|n| **n != leader)
+        .expect("a standby")
+        .clone();
+    Replicas {
+        client,
+        release,
+        ns,
+        pods,
+        names,
+        leader,
+        standby,
+    }
+}
+
+/// Waits until at least `count` tasks in `ns` Succeeded: tasks are flowing.
+async fn wait_succeeded(client: &kube::Client, ns: &str, count: usize) {
+    let deadline = Instant::now() + LONG;
+    loop {
+        let succeeded = tasks_in(client, ns)
+            .await
+            .iter()
+            .filter(|t| phase(t) == Some(TaskPhase::Succeeded))
+            .count();
+        if succeeded >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tasks did not start flowing: {succeeded} succeeded"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn helm_install_runs_two_ready_replicas_and_a_task_succeeds() {
-    let client = client().await;
-    let release = Release::install(&client, "helm-install", serde_json::json!({})).await;
-    let ns = release.namespace.clone();
-
-    let pods = wait_operator_ready(&client, &ns, 2).await;
+    let Replicas {
+        client,
+        release: _release,
+        ns,
+        pods,
+        names,
+        leader,
+        ..
+    } = install_two_replicas("helm-install").await;
     for pod in &pods {
         let spec = pod.spec.as_ref().expect("pod spec");
         assert_eq!(
@@ -59,8 +120,6 @@ async fn helm_install_runs_two_ready_replicas_and_a_task_succeeds() {
         assert_eq!(security.read_only_root_filesystem, Some(true));
         assert_eq!(security.run_as_non_root, Some(true));
     }
-    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    let leader = wait_leader(&client, &ns, &names).await;
     println!("operator pods {names:?}, leader {leader}");
 
     let manifest = std::fs::read_to_string(repo_root().join("examples/hello.yaml"))
@@ -82,45 +141,22 @@ async fn helm_install_runs_two_ready_replicas_and_a_task_succeeds() {
 
 #[tokio::test]
 async fn leader_pod_force_deleted_standby_takes_over_within_lease_duration() {
-    let client = client().await;
-    let release = Release::install(&client, "helm-failover", serde_json::json!({})).await;
-    let ns = release.namespace.clone();
-    let pods = wait_operator_ready(&client, &ns, 2).await;
-    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    let old_leader = wait_leader(&client, &ns, &names).await;
+    let Replicas {
+        client,
+        release: _release,
+        ns,
+        leader: old_leader,
+        ..
+    } = install_two_replicas("helm-failover").await;
 
     // Tasks keep arriving, before, during and after the failover (about 18 s of them), so there is
     // always dispatching to take over, whatever the queue's concurrency.
     let (seen, watch) = record_worker_pods(&client, &ns);
     const TASKS: u64 = 60;
-    let creator = {
-        let (client, ns) = (client.clone(), ns.clone());
-        tokio::spawn(async move {
-            for i in 0..TASKS {
-                let task = sim_task(&format!("flow-{i:02}"), "failover", 1000 + (i % 3) * 500, 0);
-                create(&client, &ns, &task).await;
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        })
-    };
+    let creator = task_flow(&client, &ns, "failover", TASKS, Duration::from_millis(300));
 
     // Tasks flowing: a few done already.
-    let deadline = Instant::now() + LONG;
-    loop {
-        let tasks = tasks_in(&client, &ns).await;
-        let succeeded = tasks
-            .iter()
-            .filter(|t| phase(t) == Some(TaskPhase::Succeeded))
-            .count();
-        if succeeded >= 5 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tasks did not start flowing: {succeeded} succeeded"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_succeeded(&client, &ns, 5).await;
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let renewed_before_delete = leases
@@ -200,47 +236,15 @@ async fn leader_pod_force_deleted_standby_takes_over_within_lease_duration() {
     );
 
     creator.await.expect("creating the tasks");
-    let tasks = wait_all_terminal(&client, &ns, Duration::from_secs(240)).await;
-    assert_eq!(tasks.len() as u64, TASKS);
-    for t in &tasks {
-        let s = t.status.clone().expect("status");
-        assert_eq!(
-            s.phase,
-            Some(TaskPhase::Succeeded),
-            "{}: {:#?}",
-            t.name_any(),
-            s.history
-        );
-        assert_eq!(
-            (s.attempt, s.retries),
-            (1, 0),
-            "{}: a failover must not cost an attempt: {:#?}",
-            t.name_any(),
-            s.history
-        );
-        assert_history_chain(t);
-    }
-    // Pods are created before the status says so; give the watch a moment to see the last ones.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_all_succeeded_once(
+        &client,
+        &ns,
+        TASKS as usize,
+        &seen,
+        Duration::from_secs(240),
+    )
+    .await;
     watch.abort();
-    let seen = seen.lock().expect("pod record lock");
-    for t in &tasks {
-        let uids = seen
-            .get(&(t.name_any(), "1".into()))
-            .unwrap_or_else(|| panic!("no worker pod seen for {}", t.name_any()));
-        assert_eq!(
-            uids.len(),
-            1,
-            "{} attempt 1 had {} pods",
-            t.name_any(),
-            uids.len()
-        );
-    }
-    let duplicated: Vec<_> = seen.iter().filter(|(_, uids)| uids.len() > 1).collect();
-    assert!(
-        duplicated.is_empty(),
-        "attempts with two pods: {duplicated:?}"
-    );
 }
 
 /// Task counts by (queue, type, phase).
@@ -291,17 +295,14 @@ fn kubectl_dispatches_by(items: &[serde_json::Value], actor: &str) -> u64 {
 
 #[tokio::test]
 async fn metrics_match_kubectl_task_counts_and_dispatches() {
-    let client = client().await;
-    let release = Release::install(&client, "helm-metrics", serde_json::json!({})).await;
-    let ns = release.namespace.clone();
-    let pods = wait_operator_ready(&client, &ns, 2).await;
-    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    let leader = wait_leader(&client, &ns, &names).await;
-    let standby = names
-        .iter()
-        .find(|n| **n != leader)
-        .expect("a standby")
-        .clone();
+    let Replicas {
+        client,
+        release: _release,
+        ns,
+        leader,
+        standby,
+        ..
+    } = install_two_replicas("helm-metrics").await;
 
     // A queue of the test's own: the dispatch histogram is compared for it alone. Tasks left by
     // earlier tests in the default queue may be taken up by this leader from pods another
@@ -537,12 +538,14 @@ async fn service_account_is_denied_secrets_and_allowed_its_work() {
 
 #[tokio::test]
 async fn helm_uninstall_removes_all_but_the_crds_and_leaves_no_worker_pods() {
-    let client = client().await;
-    let mut release = Release::install(&client, "helm-uninstall", serde_json::json!({})).await;
-    let ns = release.namespace.clone();
-    let pods = wait_operator_ready(&client, &ns, 2).await;
-    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    let leader = wait_leader(&client, &ns, &names).await;
+    let Replicas {
+        client,
+        mut release,
+        ns,
+        names,
+        leader,
+        ..
+    } = install_two_replicas("helm-uninstall").await;
 
     for i in 0..5 {
         create(
@@ -682,8 +685,9 @@ async fn assert_all_succeeded_once(
     ns: &str,
     count: usize,
     seen: &std::sync::Mutex<PodsByAttempt>,
+    timeout: Duration,
 ) -> Vec<AxTask> {
-    let tasks = wait_all_terminal(client, ns, Duration::from_secs(300)).await;
+    let tasks = wait_all_terminal(client, ns, timeout).await;
     assert_eq!(tasks.len(), count);
     for t in &tasks {
         let s = t.status.clone().expect("status");
@@ -716,12 +720,14 @@ async fn assert_all_succeeded_once(
 
 #[tokio::test]
 async fn leader_keeps_leading_through_an_api_server_pause_shorter_than_its_renew_deadline() {
-    let client = client().await;
-    let release = Release::install(&client, "helm-pause-short", serde_json::json!({})).await;
-    let ns = release.namespace.clone();
-    let pods = wait_operator_ready(&client, &ns, 2).await;
-    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    let leader = wait_leader(&client, &ns, &names).await;
+    let Replicas {
+        client,
+        release: _release,
+        ns,
+        names,
+        leader,
+        ..
+    } = install_two_replicas("helm-pause-short").await;
     let before = lease_spec(&client, &ns).await.expect("the Lease");
 
     // Paused for 4 s: renewals are 1 s apart and the leader leads 7 s past the last one sent, so
@@ -762,17 +768,14 @@ async fn leader_keeps_leading_through_an_api_server_pause_shorter_than_its_renew
 
 #[tokio::test]
 async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_the_lease() {
-    let client = client().await;
-    let release = Release::install(&client, "helm-pause-long", serde_json::json!({})).await;
-    let ns = release.namespace.clone();
-    let pods = wait_operator_ready(&client, &ns, 2).await;
-    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    let leader = wait_leader(&client, &ns, &names).await;
-    let standby = names
-        .iter()
-        .find(|n| **n != leader)
-        .expect("a standby")
-        .clone();
+    let Replicas {
+        client,
+        release: _release,
+        ns,
+        leader,
+        standby,
+        ..
+    } = install_two_replicas("helm-pause-long").await;
 
     let (seen, watch) = record_worker_pods(&client, &ns);
     const TASKS: u64 = 30;
@@ -780,15 +783,7 @@ async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_
         .await
         .expect("creating the tasks");
     // Tasks in flight when the API server stops.
-    let deadline = Instant::now() + LONG;
-    while !tasks_in(&client, &ns)
-        .await
-        .iter()
-        .any(|t| phase(t) == Some(TaskPhase::Succeeded))
-    {
-        assert!(Instant::now() < deadline, "tasks did not start flowing");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_succeeded(&client, &ns, 1).await;
 
     // Longer than the lease: the leader cannot know whether a standby took over, so it must stop
     // by its renew deadline, while the API server is still stopped.
@@ -845,7 +840,14 @@ async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_
         "the standby restarted"
     );
 
-    let tasks = assert_all_succeeded_once(&client, &ns, TASKS as usize, &seen).await;
+    let tasks = assert_all_succeeded_once(
+        &client,
+        &ns,
+        TASKS as usize,
+        &seen,
+        Duration::from_secs(300),
+    )
+    .await;
     watch.abort();
     // No dispatch by the old leader's process between its exit and the resume.
     let late: Vec<_> = dispatches_by(&tasks, &actor(&leader))
@@ -857,31 +859,20 @@ async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_
 
 #[tokio::test]
 async fn rollout_restart_while_tasks_flow_keeps_one_leader_at_a_time() {
-    let client = client().await;
-    let release = Release::install(&client, "helm-rollout", serde_json::json!({})).await;
-    let ns = release.namespace.clone();
-    let pods = wait_operator_ready(&client, &ns, 2).await;
-    let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
-    wait_leader(&client, &ns, &names).await;
+    let Replicas {
+        client,
+        release: _release,
+        ns,
+        names,
+        ..
+    } = install_two_replicas("helm-rollout").await;
 
     let audit = LeaseAudit::start(&client, &ns);
     let (seen, watch) = record_worker_pods(&client, &ns);
     const TASKS: u64 = 200;
     let creator = task_flow(&client, &ns, "rollout", TASKS, Duration::from_millis(100));
     // Tasks flowing: a few done already.
-    let deadline = Instant::now() + LONG;
-    loop {
-        let done = tasks_in(&client, &ns)
-            .await
-            .iter()
-            .filter(|t| phase(t) == Some(TaskPhase::Succeeded))
-            .count();
-        if done >= 5 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "tasks did not start flowing");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_succeeded(&client, &ns, 5).await;
     let deployment = format!("deployment/{FULLNAME}");
     kubectl_ok(&["-n", &ns, "rollout", "restart", &deployment]);
     kubectl_ok(&[
@@ -893,7 +884,14 @@ async fn rollout_restart_while_tasks_flow_keeps_one_leader_at_a_time() {
         "--timeout=180s",
     ]);
     creator.await.expect("creating the tasks");
-    let tasks = assert_all_succeeded_once(&client, &ns, TASKS as usize, &seen).await;
+    let tasks = assert_all_succeeded_once(
+        &client,
+        &ns,
+        TASKS as usize,
+        &seen,
+        Duration::from_secs(300),
+    )
+    .await;
     watch.abort();
 
     let terms = audit.stop();
