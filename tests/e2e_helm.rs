@@ -151,7 +151,7 @@ async fn leader_pod_force_deleted_standby_takes_over_within_lease_duration() {
 
     // Tasks keep arriving, before, during and after the failover (about 18 s of them), so there is
     // always dispatching to take over, whatever the queue's concurrency.
-    let (seen, watch) = record_worker_pods(&client, &ns);
+    let workers = record_worker_pods(&client, &ns);
     const TASKS: u64 = 60;
     let creator = task_flow(&client, &ns, "failover", TASKS, Duration::from_millis(300));
 
@@ -236,15 +236,7 @@ async fn leader_pod_force_deleted_standby_takes_over_within_lease_duration() {
     );
 
     creator.await.expect("creating the tasks");
-    assert_all_succeeded_once(
-        &client,
-        &ns,
-        TASKS as usize,
-        &seen,
-        Duration::from_secs(240),
-    )
-    .await;
-    watch.abort();
+    assert_all_succeeded_once(&client, &ns, TASKS, workers, Duration::from_secs(240)).await;
 }
 
 /// Task counts by (queue, type, phase).
@@ -679,16 +671,27 @@ fn task_flow(
     })
 }
 
-/// Every task Succeeded on its first attempt, and no attempt ever had two pods.
+/// What `record_worker_pods` returns: the pods seen, and the watch recording them.
+type RecordedWorkers = (
+    std::sync::Arc<std::sync::Mutex<PodsByAttempt>>,
+    tokio::task::JoinHandle<()>,
+);
+
+/// How long a flow of tasks through a disturbed operator may take to finish.
+const FLOW_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Every one of the `count` tasks Succeeded within `timeout` on its first attempt, and no attempt
+/// ever had two pods, as the `workers` recording (from `record_worker_pods`, stopped here) saw.
 async fn assert_all_succeeded_once(
     client: &kube::Client,
     ns: &str,
-    count: usize,
-    seen: &std::sync::Mutex<PodsByAttempt>,
+    count: u64,
+    workers: RecordedWorkers,
     timeout: Duration,
 ) -> Vec<AxTask> {
+    let (seen, watch) = workers;
     let tasks = wait_all_terminal(client, ns, timeout).await;
-    assert_eq!(tasks.len(), count);
+    assert_eq!(tasks.len() as u64, count);
     for t in &tasks {
         let s = t.status.clone().expect("status");
         assert_eq!(
@@ -702,6 +705,7 @@ async fn assert_all_succeeded_once(
     }
     // Pods are created before the status says so; give the watch a moment to see the last ones.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    watch.abort();
     let seen = seen.lock().expect("pod record lock");
     let duplicated: Vec<_> = seen.iter().filter(|(_, uids)| uids.len() > 1).collect();
     assert!(
@@ -777,7 +781,7 @@ async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_
         ..
     } = install_two_replicas("helm-pause-long").await;
 
-    let (seen, watch) = record_worker_pods(&client, &ns);
+    let workers = record_worker_pods(&client, &ns);
     const TASKS: u64 = 30;
     task_flow(&client, &ns, "paused", TASKS, Duration::from_millis(100))
         .await
@@ -840,15 +844,7 @@ async fn leader_stops_before_the_standby_starts_when_the_api_server_pauses_past_
         "the standby restarted"
     );
 
-    let tasks = assert_all_succeeded_once(
-        &client,
-        &ns,
-        TASKS as usize,
-        &seen,
-        Duration::from_secs(300),
-    )
-    .await;
-    watch.abort();
+    let tasks = assert_all_succeeded_once(&client, &ns, TASKS, workers, FLOW_TIMEOUT).await;
     // No dispatch by the old leader's process between its exit and the resume.
     let late: Vec<_> = dispatches_by(&tasks, &actor(&leader))
         .into_iter()
@@ -868,7 +864,7 @@ async fn rollout_restart_while_tasks_flow_keeps_one_leader_at_a_time() {
     } = install_two_replicas("helm-rollout").await;
 
     let audit = LeaseAudit::start(&client, &ns);
-    let (seen, watch) = record_worker_pods(&client, &ns);
+    let workers = record_worker_pods(&client, &ns);
     const TASKS: u64 = 200;
     let creator = task_flow(&client, &ns, "rollout", TASKS, Duration::from_millis(100));
     // Tasks flowing: a few done already.
@@ -884,15 +880,7 @@ async fn rollout_restart_while_tasks_flow_keeps_one_leader_at_a_time() {
         "--timeout=180s",
     ]);
     creator.await.expect("creating the tasks");
-    let tasks = assert_all_succeeded_once(
-        &client,
-        &ns,
-        TASKS as usize,
-        &seen,
-        Duration::from_secs(300),
-    )
-    .await;
-    watch.abort();
+    let tasks = assert_all_succeeded_once(&client, &ns, TASKS, workers, FLOW_TIMEOUT).await;
 
     let terms = audit.stop();
     println!("Lease terms: {terms:#?}");
