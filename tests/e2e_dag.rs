@@ -24,6 +24,22 @@ async fn create_dag(client: &Client, ns: &str, dag: &AxDag) {
         .expect("create dag");
 }
 
+/// A fresh namespace for `test` holding the example DAG `file` as `name` (adjusted by `edit`),
+/// once that is in phase `want`: (the client, the namespace, the DAG as it was then).
+async fn dag_example_in_phase(
+    test: &str,
+    file: &str,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    want: DagPhase,
+) -> (Client, String, AxDag) {
+    let client = client().await;
+    let ns = namespace(&client, test).await;
+    create_dag(&client, &ns, &example_of(file, name, edit)).await;
+    let dag = wait_dag_phase(&client, &ns, name, want, LONG).await;
+    (client, ns, dag)
+}
+
 fn dag_phase(dag: &AxDag) -> Option<DagPhase> {
     dag.status.as_ref().and_then(|s| s.phase)
 }
@@ -95,6 +111,17 @@ fn finished(child: &AxTask) -> Timestamp {
         .unwrap_or_else(|| panic!("{} not finished: {status:#?}", names(child)))
 }
 
+/// Asserts the DAG's node phases, all of them as `task:Phase`, by task name, and its progress.
+fn assert_nodes(dag: &AxDag, want: &str, progress: &str) {
+    let nodes: Vec<String> = node_phases(dag)
+        .iter()
+        .map(|(task, phase)| format!("{task}:{phase:?}"))
+        .collect();
+    assert_eq!(nodes.join(" "), want);
+    let status = dag.status.as_ref().expect("a status");
+    assert_eq!(status.progress.as_deref(), Some(progress));
+}
+
 /// When the child entered the queue: its first history entry.
 fn queued(child: &AxTask) -> Timestamp {
     history(child)
@@ -105,15 +132,14 @@ fn queued(child: &AxTask) -> Timestamp {
 
 #[tokio::test]
 async fn diamond_runs_b_and_c_together_and_d_after_both() {
-    let client = client().await;
-    let ns = namespace(&client, "dag-diamond").await;
-    create_dag(
-        &client,
-        &ns,
-        &example_of::<AxDag>("dag-diamond.yaml", "diamond", |_| {}),
+    let (client, ns, dag) = dag_example_in_phase(
+        "dag-diamond",
+        "dag-diamond.yaml",
+        "diamond",
+        |_| {},
+        DagPhase::Succeeded,
     )
     .await;
-    let dag = wait_dag_phase(&client, &ns, "diamond", DagPhase::Succeeded, LONG).await;
 
     let kids = children(&client, &ns, "diamond").await;
     assert_eq!(
@@ -209,19 +235,13 @@ async fn fail_fast_skips_the_rest_after_a_dead_task() {
     );
     assert_eq!(phase(&kids["b"]), Some(TaskPhase::Dead));
     assert_eq!(phase(&kids["c"]), Some(TaskPhase::Succeeded));
-    assert_eq!(
-        node_phases(&dag),
-        BTreeMap::from([
-            ("a".into(), DagNodePhase::Succeeded),
-            ("b".into(), DagNodePhase::Dead),
-            ("c".into(), DagNodePhase::Succeeded),
-            ("d".into(), DagNodePhase::Skipped),
-            ("e".into(), DagNodePhase::Skipped),
-        ])
+    assert_nodes(
+        &dag,
+        "a:Succeeded b:Dead c:Succeeded d:Skipped e:Skipped",
+        "5/5",
     );
     let status = dag.status.clone().unwrap();
     assert_eq!(status.nodes["d"].task, None);
-    assert_eq!(status.progress.as_deref(), Some("5/5"));
     // The DAG failed only once the running child had finished.
     assert!(status.finished_at.unwrap() >= finished(&kids["c"]));
     let ready = condition(&dag, "Ready");
@@ -236,17 +256,16 @@ async fn fail_fast_skips_the_rest_after_a_dead_task() {
 
 #[tokio::test]
 async fn continue_independent_finishes_the_branch_that_does_not_need_the_dead_task() {
-    let client = client().await;
-    let ns = namespace(&client, "dag-continue").await;
-    create_dag(
-        &client,
-        &ns,
-        &example_of::<AxDag>("dag-branch-fails.yaml", "ci", |v| {
+    let (client, ns, dag) = dag_example_in_phase(
+        "dag-continue",
+        "dag-branch-fails.yaml",
+        "ci",
+        |v| {
             v["spec"]["failurePolicy"] = "ContinueIndependent".into();
-        }),
+        },
+        DagPhase::Failed,
     )
     .await;
-    let dag = wait_dag_phase(&client, &ns, "ci", DagPhase::Failed, LONG).await;
     let kids = children(&client, &ns, "ci").await;
     assert_eq!(
         kids.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -256,33 +275,23 @@ async fn continue_independent_finishes_the_branch_that_does_not_need_the_dead_ta
     assert_eq!(phase(&kids["e"]), Some(TaskPhase::Succeeded));
     // e started after b was already Dead: the failure did not stop the independent branch.
     assert!(queued(&kids["e"]) > finished(&kids["b"]));
-    assert_eq!(
-        node_phases(&dag),
-        BTreeMap::from([
-            ("a".into(), DagNodePhase::Succeeded),
-            ("b".into(), DagNodePhase::Dead),
-            ("c".into(), DagNodePhase::Succeeded),
-            ("d".into(), DagNodePhase::Skipped),
-            ("e".into(), DagNodePhase::Succeeded),
-        ])
-    );
-    assert_eq!(
-        dag.status.as_ref().unwrap().progress.as_deref(),
-        Some("5/5")
+    assert_nodes(
+        &dag,
+        "a:Succeeded b:Dead c:Succeeded d:Skipped e:Succeeded",
+        "5/5",
     );
 }
 
 #[tokio::test]
 async fn a_cycle_fails_the_dag_naming_the_cycle_and_creates_nothing() {
-    let client = client().await;
-    let ns = namespace(&client, "dag-cycle").await;
-    create_dag(
-        &client,
-        &ns,
-        &example_of::<AxDag>("dag-cycle.yaml", "cycle", |_| {}),
+    let (client, ns, dag) = dag_example_in_phase(
+        "dag-cycle",
+        "dag-cycle.yaml",
+        "cycle",
+        |_| {},
+        DagPhase::Failed,
     )
     .await;
-    let dag = wait_dag_phase(&client, &ns, "cycle", DagPhase::Failed, LONG).await;
     let invalid = condition(&dag, "InvalidSpec");
     assert_eq!(invalid.status, "True");
     assert_eq!(invalid.message, "dependency cycle: a -> b -> c -> a");
@@ -300,39 +309,26 @@ async fn a_cycle_fails_the_dag_naming_the_cycle_and_creates_nothing() {
         "{events:#?}"
     );
     // The operator has been through this DAG (its status is written): still no AxTask at all.
-    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
-    assert!(
-        tasks
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    assert!(tasks_in(&client, &ns).await.is_empty());
 }
 
 #[tokio::test]
 async fn an_unknown_dependency_fails_the_dag_naming_it() {
-    let client = client().await;
-    let ns = namespace(&client, "dag-unknown").await;
-    let dag = example_of::<AxDag>("dag-diamond.yaml", "typo", |v| {
-        v["spec"]["tasks"][3]["dependsOn"] = serde_json::json!(["b", "cc"]);
-    });
-    create_dag(&client, &ns, &dag).await;
-    let dag = wait_dag_phase(&client, &ns, "typo", DagPhase::Failed, LONG).await;
+    let (client, ns, dag) = dag_example_in_phase(
+        "dag-unknown",
+        "dag-diamond.yaml",
+        "typo",
+        |v| {
+            v["spec"]["tasks"][3]["dependsOn"] = serde_json::json!(["b", "cc"]);
+        },
+        DagPhase::Failed,
+    )
+    .await;
     assert_eq!(
         condition(&dag, "InvalidSpec").message,
         "task `d` depends on `cc`, which is not a task of this DAG"
     );
-    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
-    assert!(
-        tasks
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    assert!(tasks_in(&client, &ns).await.is_empty());
 }
 
 #[tokio::test]
@@ -376,18 +372,7 @@ async fn cancel_mid_run_cancels_the_running_children() {
             names(child)
         );
     }
-    assert_eq!(
-        node_phases(&dag),
-        BTreeMap::from([
-            ("after".into(), DagNodePhase::Skipped),
-            ("first".into(), DagNodePhase::Canceled),
-            ("second".into(), DagNodePhase::Canceled),
-        ])
-    );
-    assert_eq!(
-        dag.status.as_ref().unwrap().progress.as_deref(),
-        Some("3/3")
-    );
+    assert_nodes(&dag, "after:Skipped first:Canceled second:Canceled", "3/3");
     wait_events_of(&client, &ns, "AxDag", "long", &["Running", "Canceled"]).await;
 }
 
