@@ -81,19 +81,23 @@ pub fn scheduled<K: kube::Resource>(child: &K) -> i64 {
 
 /// The AxTask children of a cron, by name.
 pub async fn task_children(client: &Client, ns: &str, cron: &str) -> BTreeMap<String, AxTask> {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
-    api.list(&ListParams::default().labels(&format!("ax.dev/cron={cron}")))
-        .await
-        .expect("list children")
-        .items
-        .into_iter()
-        .map(|child| (child.name_any(), child))
-        .collect()
+    children_of(client, ns, cron).await
 }
 
 /// The AxDag children of a cron, by name.
 pub async fn dag_children(client: &Client, ns: &str, cron: &str) -> BTreeMap<String, AxDag> {
-    let api: Api<AxDag> = Api::namespaced(client.clone(), ns);
+    children_of(client, ns, cron).await
+}
+
+/// The children of kind `K` of a cron, by name.
+async fn children_of<K>(client: &Client, ns: &str, cron: &str) -> BTreeMap<String, K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
     api.list(&ListParams::default().labels(&format!("ax.dev/cron={cron}")))
         .await
         .expect("list children")
