@@ -133,16 +133,80 @@ async fn assert_memory_bounded(
     }
 }
 
-#[tokio::test]
-async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() {
+/// A test's operator, leading and ready, and what it took to list the cluster as it was; the
+/// namespace of the objects it is to hold, deleted when this drops.
+struct Measured {
+    client: Client,
+    ns: String,
+    operator: Operator,
+    /// Its peak resident memory (VmHWM) then, in KiB.
+    baseline: u64,
+    _cleanup: NamespaceDeletedOnDrop,
+}
+
+/// Starts the operator `identity` for `test`, alone in the cluster, with a fresh namespace for the
+/// `objects` it is to hold, and waits until it leads and is ready.
+async fn start_measured(test: &str, identity: &str, objects: &str) -> Measured {
     let client = client().await;
     operator::assert_no_leader(&client).await;
-    let ns = namespace(&client, "memory").await;
-    let _cleanup = NamespaceDeletedOnDrop(ns.clone());
-    let mut operator = start_operator("memory-a");
+    let ns = namespace(&client, test).await;
+    let cleanup = NamespaceDeletedOnDrop(ns.clone());
+    let mut operator = start_operator(identity);
     operator.wait_leading_and_ready(&client).await;
     let (_, baseline) = operator.memory_kib();
-    println!("before the tasks: VmHWM {} MiB", baseline / 1024);
+    println!("before the {objects}: VmHWM {} MiB", baseline / 1024);
+    Measured {
+        client,
+        ns,
+        operator,
+        baseline,
+        _cleanup: cleanup,
+    }
+}
+
+impl Measured {
+    /// Once the operator holds all `count` objects, bounds its peak memory above the baseline for
+    /// 5 s by the first of `growth_kib`; then SIGKILLs it and bounds a new one, `restarted`, by
+    /// the second for 10 s.
+    async fn assert_bounded_through_a_restart(
+        &mut self,
+        count: usize,
+        (running_kib, restarted_kib): (u64, u64),
+        restarted: &str,
+    ) {
+        wait_all_held(&self.client, &self.ns, count, &mut self.operator).await;
+        let first = assert_memory_bounded(
+            &mut self.operator,
+            "running",
+            self.baseline,
+            running_kib,
+            Duration::from_secs(5),
+        )
+        .await;
+        // SIGKILLed as the OOM killer would, before the new one starts.
+        self.operator.sigkill();
+        self.operator = start_operator(restarted);
+        self.operator.wait_leading_and_ready(&self.client).await;
+        let after = assert_memory_bounded(
+            &mut self.operator,
+            "restarted",
+            self.baseline,
+            restarted_kib,
+            Duration::from_secs(10),
+        )
+        .await;
+        println!(
+            "peak resident memory: {} MiB, after the restart {} MiB",
+            first / 1024,
+            after / 1024
+        );
+    }
+}
+
+#[tokio::test]
+async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() {
+    let mut measured = start_measured("memory", "memory-a", "tasks").await;
+    let (client, ns) = (measured.client.clone(), measured.ns.clone());
 
     let numbers: Vec<u8> = (0..NUMBERS).map(|i| (i % 10) as u8).collect();
     let task = |i: usize| {
@@ -164,33 +228,14 @@ async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() 
         .buffer_unordered(8)
         .collect::<Vec<_>>()
         .await;
-    wait_all_held(&client, &ns, TASKS, &mut operator).await;
-    let first = assert_memory_bounded(
-        &mut operator,
-        "running",
-        baseline,
-        RUNNING_GROWTH_KIB,
-        Duration::from_secs(5),
-    )
-    .await;
-
     // A restart lists every task at once, faster than the caches take them in; nothing is written.
-    drop(operator);
-    let mut operator = start_operator("memory-b");
-    operator.wait_leading_and_ready(&client).await;
-    let restarted = assert_memory_bounded(
-        &mut operator,
-        "restarted",
-        baseline,
-        RESTARTED_GROWTH_KIB,
-        Duration::from_secs(10),
-    )
-    .await;
-    println!(
-        "peak resident memory: {} MiB, after the restart {} MiB",
-        first / 1024,
-        restarted / 1024
-    );
+    measured
+        .assert_bounded_through_a_restart(
+            TASKS,
+            (RUNNING_GROWTH_KIB, RESTARTED_GROWTH_KIB),
+            "memory-b",
+        )
+        .await;
 
     // Leave no 37 MB of tasks for the next operator to list.
     let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
@@ -208,7 +253,7 @@ async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() 
         assert!(Instant::now() < deadline, "tasks not gone within {LONG:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    drop(operator);
+    measured.operator.sigkill();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     namespaces
         .delete(&ns, &DeleteParams::default())
@@ -218,14 +263,8 @@ async fn large_payloads_waiting_forever_do_not_run_the_operator_out_of_memory() 
 
 #[tokio::test]
 async fn large_dags_cost_the_operator_their_graph_not_their_specs() {
-    let client = client().await;
-    operator::assert_no_leader(&client).await;
-    let ns = namespace(&client, "memory-dags").await;
-    let _cleanup = NamespaceDeletedOnDrop(ns.clone());
-    let mut operator = start_operator("memory-dags-a");
-    operator.wait_leading_and_ready(&client).await;
-    let (_, baseline) = operator.memory_kib();
-    println!("before the DAGs: VmHWM {} MiB", baseline / 1024);
+    let mut measured = start_measured("memory-dags", "memory-dags-a", "DAGs").await;
+    let (client, ns) = (measured.client.clone(), measured.ns.clone());
 
     // `t0` waits forever in a queue that does not exist; every other task waits on it.
     let numbers: Vec<u8> = (0..DAG_NUMBERS).map(|i| (i % 10) as u8).collect();
@@ -271,32 +310,9 @@ async fn large_dags_cost_the_operator_their_graph_not_their_specs() {
         .collect::<Vec<_>>()
         .await;
     // Each DAG's first child, created from the DAG's spec as the API server has it.
-    wait_all_held(&client, &ns, DAGS, &mut operator).await;
-    let first = assert_memory_bounded(
-        &mut operator,
-        "running",
-        baseline,
-        DAG_GROWTH_KIB,
-        Duration::from_secs(5),
-    )
-    .await;
-
-    drop(operator);
-    let mut operator = start_operator("memory-dags-b");
-    operator.wait_leading_and_ready(&client).await;
-    let restarted = assert_memory_bounded(
-        &mut operator,
-        "restarted",
-        baseline,
-        DAG_GROWTH_KIB,
-        Duration::from_secs(10),
-    )
-    .await;
-    println!(
-        "peak resident memory: {} MiB, after the restart {} MiB",
-        first / 1024,
-        restarted / 1024
-    );
+    measured
+        .assert_bounded_through_a_restart(DAGS, (DAG_GROWTH_KIB, DAG_GROWTH_KIB), "memory-dags-b")
+        .await;
     let children = tasks_in(&client, &ns).await;
     assert_eq!(children.len(), DAGS, "one child each, never two");
     assert!(
