@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use ax::api::{AxCron, AxDag, AxQueue, AxTask, TaskPhase};
 use common::cli::*;
+use common::sim::SimWorker;
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -34,20 +35,16 @@ fn sim_task(name: &str, millis: u64, exit_code: i32, labels: serde_json::Value) 
 }
 
 fn sim_pod_spec(millis: u64, exit_code: i32, hang: bool) -> serde_json::Value {
-    json!({
-        "nodeSelector": {"ax.dev/sim-node": "true"},
-        "tolerations": [{"key": "ax.dev/sim-node", "operator": "Exists", "effect": "NoSchedule"}],
-        "containers": [{
-            "name": "worker",
-            "image": "localhost/ax-busybox:1",
-            "env": [
-                {"name": "AX_SIM_START_MS", "value": "50"},
-                {"name": "AX_SIM_DURATION_MS", "value": millis.to_string()},
-                {"name": "AX_SIM_EXIT_CODE", "value": exit_code.to_string()},
-                {"name": "AX_SIM_HANG", "value": hang.to_string()},
-            ],
-        }],
-    })
+    let worker = SimWorker::running_for(millis)
+        .start_ms(50)
+        .exit_code(exit_code);
+    if hang { worker.hang() } else { worker }.pod_spec()
+}
+
+/// `kubectl ax wait TARGET --for succeeded --timeout 2m`, which must succeed.
+async fn wait_succeeded(ns: &str, target: &str) -> Run {
+    let args = ["wait", target, "--for", "succeeded", "--timeout", "2m"];
+    ax_async(ns, &args).await.ok()
 }
 
 /// A task on the real kubelet running `script` with `max_retries`.
@@ -75,9 +72,7 @@ fn rerun_entries(t: &AxTask) -> usize {
 
 #[tokio::test]
 async fn submit_wait_list_and_describe_a_task() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-submit").await;
+    let (client, ns) = namespace_with_leader("cli-submit").await;
 
     let submitted = ax(
         &ns,
@@ -114,12 +109,7 @@ async fn submit_wait_list_and_describe_a_task() {
     assert_eq!(t.spec.timeout.hard_seconds, 120);
     assert_eq!(t.spec.payload.as_ref().unwrap()["greeting"], "hi");
 
-    let waited = ax_async(
-        &ns,
-        &["wait", &name, "--for", "succeeded", "--timeout", "2m"],
-    )
-    .await
-    .ok();
+    let waited = wait_succeeded(&ns, &name).await;
     assert_eq!(waited.stdout.trim(), format!("axtask/{name} Succeeded"));
 
     // A file with overrides: the example, renamed and with another command.
@@ -235,9 +225,7 @@ fn history_of(t: &AxTask) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn wait_fails_for_a_task_that_ends_otherwise_and_on_timeout() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-wait").await;
+    let (client, ns) = namespace_with_leader("cli-wait").await;
     create(&client, &ns, &sim_task("doomed", 200, 1, json!({}))).await;
     let dead = ax_async(
         &ns,
@@ -266,9 +254,7 @@ async fn wait_fails_for_a_task_that_ends_otherwise_and_on_timeout() {
 
 #[tokio::test]
 async fn list_watch_prints_each_change() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-watch").await;
+    let (client, ns) = namespace_with_leader("cli-watch").await;
     // One finished task, so the initial list prints something: then the watch is known to run.
     create(&client, &ns, &sim_task("before", 100, 0, json!({}))).await;
     wait_phase(&client, &ns, "before", TaskPhase::Succeeded, LONG).await;
@@ -315,9 +301,7 @@ async fn list_watch_prints_each_change() {
 
 #[tokio::test]
 async fn logs_of_each_attempt() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-logs").await;
+    let (client, ns) = namespace_with_leader("cli-logs").await;
     create(
         &client,
         &ns,
@@ -328,12 +312,7 @@ async fn logs_of_each_attempt() {
         ),
     )
     .await;
-    ax_async(
-        &ns,
-        &["wait", "twice", "--for", "succeeded", "--timeout", "2m"],
-    )
-    .await
-    .ok();
+    wait_succeeded(&ns, "twice").await;
     let latest = ax(&ns, &["logs", "twice"]).ok();
     assert_eq!(latest.stdout.trim(), "output of attempt 2");
     let first = ax(&ns, &["logs", "twice", "--attempt", "1"]).ok();
@@ -348,9 +327,7 @@ async fn logs_of_each_attempt() {
 
 #[tokio::test]
 async fn cancel_by_selector_cancels_twenty_running_tasks() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-cancel").await;
+    let (client, ns) = namespace_with_leader("cli-cancel").await;
     let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
     for i in 0..20 {
         let mut t = sim_task(&format!("run-{i:02}"), 0, 0, json!({"batch": "b1"}));
@@ -475,9 +452,7 @@ fn queue_status_cells(q: &AxQueue) -> Vec<String> {
 
 #[tokio::test]
 async fn top_shows_the_queue_status_while_tasks_flow() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-top").await;
+    let (client, ns) = namespace_with_leader("cli-top").await;
     let name = format!("e2e-cli-top-{:04x}", rand::random::<u16>());
     let queues: Api<AxQueue> = Api::all(client.clone());
     let queue: AxQueue = serde_json::from_value(json!({
@@ -587,9 +562,7 @@ fn sim_step(millis: u64) -> serde_json::Value {
 
 #[tokio::test]
 async fn dag_draws_the_graph_by_levels() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-dag").await;
+    let (client, ns) = namespace_with_leader("cli-dag").await;
     let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
     let dag = dag_manifest(
         "diamond",
@@ -601,19 +574,7 @@ async fn dag_draws_the_graph_by_levels() {
         ]),
     );
     dags.create(&PostParams::default(), &dag).await.unwrap();
-    ax_async(
-        &ns,
-        &[
-            "wait",
-            "dag/diamond",
-            "--for",
-            "succeeded",
-            "--timeout",
-            "2m",
-        ],
-    )
-    .await
-    .ok();
+    wait_succeeded(&ns, "dag/diamond").await;
     let text = ax(&ns, &["dag", "diamond"]).ok().stdout;
     let lines: Vec<&str> = text.lines().collect();
     assert!(
@@ -654,9 +615,7 @@ async fn dag_draws_the_graph_by_levels() {
 
 #[tokio::test]
 async fn concurrent_retries_request_one_re_run() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-race").await;
+    let (client, ns) = namespace_with_leader("cli-race").await;
     // Dead after attempt 1; a re-run (attempt 2) keeps running, so it cannot finish and be
     // re-run again while the concurrent retries below look at it.
     create(
@@ -696,9 +655,7 @@ async fn concurrent_retries_request_one_re_run() {
 
 #[tokio::test]
 async fn errors_are_one_line_with_a_non_zero_exit() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-errors").await;
+    let (client, ns) = namespace_with_leader("cli-errors").await;
 
     // Unknown task: the namespace searched is named.
     for args in [
@@ -841,9 +798,7 @@ async fn errors_are_one_line_with_a_non_zero_exit() {
 
 #[tokio::test]
 async fn make_run_puts_kubectl_ax_on_the_path_of_cluster_env() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-path").await;
+    let (_, ns) = namespace_with_leader("cli-path").await;
     let cache = tempfile::tempdir().unwrap();
     let root = repo_root();
     let out = Command::new(root.join("e2e/run-operator.sh"))
@@ -890,9 +845,7 @@ async fn make_run_puts_kubectl_ax_on_the_path_of_cluster_env() {
 
 #[tokio::test]
 async fn retry_re_runs_a_dead_task_as_a_new_attempt() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-rerun").await;
+    let (client, ns) = namespace_with_leader("cli-rerun").await;
     let (seen, watch) = record_worker_pods(&client, &ns);
     // Fails on attempt 1 with no retries left; succeeds on any later attempt.
     create(
@@ -917,12 +870,7 @@ async fn retry_re_runs_a_dead_task_as_a_new_attempt() {
         retried.stdout.trim(),
         "axtask/phoenix: re-run requested (spec.rerun 1; was Dead after attempt 1)"
     );
-    ax_async(
-        &ns,
-        &["wait", "phoenix", "--for", "succeeded", "--timeout", "2m"],
-    )
-    .await
-    .ok();
+    wait_succeeded(&ns, "phoenix").await;
     let t = task_of(&client, &ns, "phoenix").await;
     let s = t.status.clone().unwrap();
     assert_eq!(s.attempt, 2, "{:#?}", s.history);
@@ -947,12 +895,7 @@ async fn retry_re_runs_a_dead_task_as_a_new_attempt() {
 
     // Once more on the Succeeded task: exactly one more run.
     ax(&ns, &["retry", "phoenix"]).ok();
-    ax_async(
-        &ns,
-        &["wait", "phoenix", "--for", "succeeded", "--timeout", "2m"],
-    )
-    .await
-    .ok();
+    wait_succeeded(&ns, "phoenix").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let t = task_of(&client, &ns, "phoenix").await;
     let s = t.status.clone().unwrap();
@@ -986,9 +929,7 @@ impl Drop for RemoveDir {
 
 #[tokio::test]
 async fn retry_of_a_dag_re_runs_only_the_dead_branch() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-dag-retry").await;
+    let (client, ns) = namespace_with_leader("cli-dag-retry").await;
     let (seen, watch) = record_worker_pods(&client, &ns);
     // b fails the first time it runs on this node and succeeds after: a marker on the host.
     let marker_dir = format!("/tmp/ax-e2e-cli/{ns}");
@@ -1048,19 +989,7 @@ async fn retry_of_a_dag_re_runs_only_the_dead_branch() {
             .starts_with("axdag/branches: re-run requested (spec.rerun 1"),
         "{retried:#?}"
     );
-    ax_async(
-        &ns,
-        &[
-            "wait",
-            "dag/branches",
-            "--for",
-            "succeeded",
-            "--timeout",
-            "2m",
-        ],
-    )
-    .await
-    .ok();
+    wait_succeeded(&ns, "dag/branches").await;
     watch.abort();
     let seen = seen.lock().unwrap();
     let runs = |task: &str| -> usize {
@@ -1080,9 +1009,7 @@ async fn retry_of_a_dag_re_runs_only_the_dead_branch() {
 
 #[tokio::test]
 async fn cron_list_trigger_suspend_and_resume() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "cli-cron").await;
+    let (client, ns) = namespace_with_leader("cli-cron").await;
     // Once a year: nothing fires during the test but the manual run.
     let cron: AxCron = serde_json::from_value(json!({
         "apiVersion": "ax.dev/v1alpha1", "kind": "AxCron",

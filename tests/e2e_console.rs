@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxDag, AxQueue, AxTask, TaskPhase};
-use common::cli::operator_leading;
+use common::cli::namespace_with_leader;
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
@@ -356,9 +356,7 @@ async fn cancel_by_api(client: &Client, ns: &str, name: &str) {
 
 #[tokio::test]
 async fn task_list_updates_live_and_cancel_cancels_exactly_the_selected() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "console-list").await;
+    let (client, ns) = namespace_with_leader("console-list").await;
     for i in 0..4 {
         create(&client, &ns, &hanging(&format!("hang-{i}"))).await;
     }
@@ -434,9 +432,7 @@ async fn task_list_updates_live_and_cancel_cancels_exactly_the_selected() {
 
 #[tokio::test]
 async fn task_page_draws_the_taken_path_and_retry_starts_a_new_attempt() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "console-task").await;
+    let (client, ns) = namespace_with_leader("console-task").await;
     // Fails twice (one retry), then Dead.
     create(&client, &ns, &quick("flaky", 1000, 3, 1)).await;
     wait_phase(&client, &ns, "flaky", TaskPhase::Dead, LONG).await;
@@ -568,9 +564,7 @@ fn dag(name: &str) -> AxDag {
 
 #[tokio::test]
 async fn dag_queue_and_dashboard_pages_show_what_the_cluster_holds() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "console-dag").await;
+    let (client, ns) = namespace_with_leader("console-dag").await;
     let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
     dags.create(&PostParams::default(), &dag("etl"))
         .await
@@ -662,9 +656,7 @@ async fn dag_queue_and_dashboard_pages_show_what_the_cluster_holds() {
 
 #[tokio::test]
 async fn submit_creates_a_task_and_shows_a_schema_error_inline() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "console-submit").await;
+    let (client, ns) = namespace_with_leader("console-submit").await;
     let console = Console::start(&ns, None);
     let (_driver, b) = browser().await;
     b.goto(&console.entry("/submit")).await.unwrap();
@@ -791,9 +783,7 @@ async fn http(
 
 #[tokio::test]
 async fn a_change_without_the_token_or_from_another_origin_is_refused() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "console-csrf").await;
+    let (client, ns) = namespace_with_leader("console-csrf").await;
     create(&client, &ns, &hanging("target")).await;
     wait_phase(&client, &ns, "target", TaskPhase::Running, LONG).await;
     let console = Console::start(&ns, None);
@@ -864,9 +854,7 @@ async fn a_change_without_the_token_or_from_another_origin_is_refused() {
 
 #[tokio::test]
 async fn a_read_only_user_sees_the_pages_and_is_not_allowed_to_cancel() {
-    let client = client().await;
-    operator_leading(&client).await;
-    let ns = namespace(&client, "console-rbac").await;
+    let (client, ns) = namespace_with_leader("console-rbac").await;
     create(&client, &ns, &hanging("guarded")).await;
     wait_phase(&client, &ns, "guarded", TaskPhase::Running, LONG).await;
     let kubeconfig = read_only_kubeconfig(&ns).await;

@@ -83,6 +83,14 @@ pub fn table_rows(text: &str) -> Vec<std::collections::BTreeMap<String, String>>
         .collect()
 }
 
+/// A client and a fresh namespace for `test`, once an operator leads (see [`operator_leading`]).
+pub async fn namespace_with_leader(test: &str) -> (kube::Client, String) {
+    let client = super::client().await;
+    operator_leading(&client).await;
+    let ns = super::namespace(&client, test).await;
+    (client, ns)
+}
+
 /// Waits until an operator holds its Lease in ax-system: the runner starts it just before the
 /// tests, and until it leads, kubectl-ax rightly refuses to act.
 pub async fn operator_leading(client: &kube::Client) {
