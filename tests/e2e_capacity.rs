@@ -152,34 +152,11 @@ impl Drop for Feeder {
     }
 }
 
-/// Creates the tasks a few at a time (the API server of the test cluster is small).
-async fn create_all(client: &Client, ns: &str, tasks: Vec<AxTask>) {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
-    futures::stream::iter(tasks)
-        .for_each_concurrent(16, |task| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &task)
-                    .await
-                    .unwrap_or_else(|e| panic!("create task {}: {e}", task.name_any()));
-            }
-        })
-        .await;
-}
-
-async fn list_tasks(client: &Client, ns: &str) -> Vec<AxTask> {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
-    api.list(&ListParams::default())
-        .await
-        .expect("list tasks")
-        .items
-}
-
 /// Polls the namespace until every task is terminal; they must all have Succeeded.
 async fn wait_all_succeeded(client: &Client, ns: &str, timeout: Duration) -> Vec<AxTask> {
     let deadline = Instant::now() + timeout;
     loop {
-        let tasks = list_tasks(client, ns).await;
+        let tasks = tasks_in(client, ns).await;
         let open: Vec<String> = tasks
             .iter()
             .filter(|t| !phase(t).is_some_and(TaskPhase::is_terminal))
@@ -672,7 +649,7 @@ async fn node_pressure_shrinks_an_adaptive_queue_and_clearing_it_lets_it_grow_ba
     drop(held);
     let deadline = Instant::now() + LONG;
     loop {
-        let tasks = list_tasks(&client, &ns).await;
+        let tasks = tasks_in(&client, &ns).await;
         let adaptive_held = tasks.iter().any(|t| {
             t.status.as_ref().is_some_and(|s| {
                 s.conditions
@@ -835,7 +812,7 @@ async fn estimated_start_times_come_true_at_a_steady_dispatch_rate() {
     }
     let deadline = Instant::now() + Duration::from_secs(600);
     let started: Vec<Timestamp> = loop {
-        let tasks = list_tasks(&client, &ns).await;
+        let tasks = tasks_in(&client, &ns).await;
         let scheduled: Option<Vec<Timestamp>> = picked
             .iter()
             .map(|(_, name, _)| {

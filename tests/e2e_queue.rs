@@ -12,7 +12,6 @@ use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
 use common::queue::{TestQueue, create_queue, patch_queue};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -77,21 +76,6 @@ fn sim_task(
         task["spec"]["priority"] = priority.as_str().into();
         task["spec"]["retry"] = json!({"maxRetries": 0});
     })
-}
-
-/// Creates the tasks a few at a time (the API server of the test cluster is small).
-async fn create_all(client: &Client, ns: &str, tasks: Vec<AxTask>) {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
-    futures::stream::iter(tasks)
-        .for_each_concurrent(16, |task| {
-            let api = api.clone();
-            async move {
-                api.create(&PostParams::default(), &task)
-                    .await
-                    .unwrap_or_else(|e| panic!("create task {}: {e}", task.name_any()));
-            }
-        })
-        .await;
 }
 
 fn scheduled_at(task: &AxTask) -> Timestamp {

@@ -85,6 +85,21 @@ pub async fn create(client: &Client, ns: &str, task: &AxTask) -> AxTask {
         .expect("create task")
 }
 
+/// Creates the tasks a few at a time (the API server of the test cluster is small).
+pub async fn create_all(client: &Client, ns: &str, tasks: Vec<AxTask>) {
+    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
+    futures::stream::iter(tasks)
+        .for_each_concurrent(16, |task| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &task)
+                    .await
+                    .unwrap_or_else(|e| panic!("create task {}: {e}", task.name_any()));
+            }
+        })
+        .await;
+}
+
 /// Polls until `done` holds for the namespaced object, or panics after `timeout` showing it.
 pub async fn wait_for<K>(
     client: &Client,
