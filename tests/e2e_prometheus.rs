@@ -261,6 +261,20 @@ impl Prometheus {
         })
         .await;
     }
+
+    /// The value of a query that must have exactly one sample.
+    async fn only_value(&self, promql: &str) -> f64 {
+        let result = self.query(promql).await;
+        assert_eq!(result.len(), 1, "{promql}: {result:?}");
+        result[0].value()
+    }
+
+    /// [`Self::wait_value`] for each (query, value), in order.
+    async fn wait_values(&self, wanted: &[(String, f64)]) {
+        for (promql, want) in wanted {
+            self.wait_value(promql, *want).await;
+        }
+    }
 }
 
 impl Drop for Prometheus {
@@ -409,48 +423,39 @@ async fn prometheus_answers_promql_about_a_known_run_and_every_dashboard_panel_h
     // Counters and histograms, exactly.
     let q = &queue;
     let p = &prometheus;
-    p.wait_value(
-        &format!(r#"ax_dead_tasks_total{{type="{dead_type}",reason="RetriesExhausted"}}"#),
-        DYING as f64,
-    )
-    .await;
-    p.wait_value(
-        &format!(r#"sum(ax_dead_tasks_total{{type=~"{dead_type}|{ok_type}"}})"#),
-        DYING as f64,
-    )
-    .await;
-    p.wait_value(
-        &format!(r#"ax_retries_total{{type="{dead_type}",kind="Retryable"}}"#),
-        DYING as f64,
-    )
-    .await;
-    p.wait_value(
-        &format!(r#"ax_dispatch_latency_seconds_count{{queue="{q}"}}"#),
-        ATTEMPTS as f64,
-    )
-    .await;
-    p.wait_value(
-        &format!(r#"ax_dispatch_latency_seconds_bucket{{queue="{q}",le="+Inf"}}"#),
-        ATTEMPTS as f64,
-    )
+    p.wait_values(&[
+        (
+            format!(r#"ax_dead_tasks_total{{type="{dead_type}",reason="RetriesExhausted"}}"#),
+            DYING as f64,
+        ),
+        (
+            format!(r#"sum(ax_dead_tasks_total{{type=~"{dead_type}|{ok_type}"}})"#),
+            DYING as f64,
+        ),
+        (
+            format!(r#"ax_retries_total{{type="{dead_type}",kind="Retryable"}}"#),
+            DYING as f64,
+        ),
+        (
+            format!(r#"ax_dispatch_latency_seconds_count{{queue="{q}"}}"#),
+            ATTEMPTS as f64,
+        ),
+        (
+            format!(r#"ax_dispatch_latency_seconds_bucket{{queue="{q}",le="+Inf"}}"#),
+            ATTEMPTS as f64,
+        ),
+    ])
     .await;
     // With 2 slots for 8 tasks, 6 first attempts waited at least for a 350 ms attempt to end.
     let latency_sum = p
-        .query(&format!(
+        .only_value(&format!(
             r#"ax_dispatch_latency_seconds_sum{{queue="{q}"}}"#
         ))
         .await;
+    assert!(latency_sum > 1.0, "dispatch latency sum: {latency_sum:?}");
+    let median = p.only_value(&format!(r#"histogram_quantile(0.5, sum by (le) (ax_dispatch_latency_seconds_bucket{{queue="{q}"}}))"#)).await;
     assert!(
-        latency_sum.len() == 1 && latency_sum[0].value() > 1.0,
-        "dispatch latency sum: {latency_sum:?}"
-    );
-    let median = p
-        .query(&format!(
-            r#"histogram_quantile(0.5, sum by (le) (ax_dispatch_latency_seconds_bucket{{queue="{q}"}}))"#
-        ))
-        .await;
-    assert!(
-        median.len() == 1 && median[0].value().is_finite() && median[0].value() > 0.0,
+        median.is_finite() && median > 0.0,
         "median dispatch latency: {median:?}"
     );
     let waits = p
@@ -472,63 +477,63 @@ async fn prometheus_answers_promql_about_a_known_run_and_every_dashboard_panel_h
             ("Low".to_string(), (2 * DYING) as f64),
         ])
     );
-    p.wait_value(
-        &format!(r#"ax_task_duration_seconds_count{{type="{ok_type}",outcome="Succeeded"}}"#),
-        SUCCEEDING as f64,
-    )
-    .await;
-    p.wait_value(
-        &format!(r#"ax_task_duration_seconds_count{{type="{dead_type}",outcome="Dead"}}"#),
-        DYING as f64,
-    )
+    p.wait_values(&[
+        (
+            format!(r#"ax_task_duration_seconds_count{{type="{ok_type}",outcome="Succeeded"}}"#),
+            SUCCEEDING as f64,
+        ),
+        (
+            format!(r#"ax_task_duration_seconds_count{{type="{dead_type}",outcome="Dead"}}"#),
+            DYING as f64,
+        ),
+    ])
     .await;
     let ran = p
-        .query(&format!(
+        .only_value(&format!(
             r#"ax_task_duration_seconds_sum{{type="{ok_type}",outcome="Succeeded"}}"#
         ))
         .await;
     assert!(
-        ran.len() == 1 && ran[0].value() >= 1.5 * SUCCEEDING as f64,
+        ran >= 1.5 * SUCCEEDING as f64,
         "each succeeding task took at least its 1.5 s: {ran:?}"
     );
 
     // Gauges, once the operator's periodic refresh has been scraped.
-    p.wait_value(
-        &format!(r#"ax_tasks{{queue="{q}",type="{ok_type}",phase="Succeeded"}}"#),
-        SUCCEEDING as f64,
-    )
+    p.wait_values(&[
+        (
+            format!(r#"ax_tasks{{queue="{q}",type="{ok_type}",phase="Succeeded"}}"#),
+            SUCCEEDING as f64,
+        ),
+        (
+            format!(r#"ax_tasks{{queue="{q}",type="{dead_type}",phase="Dead"}}"#),
+            DYING as f64,
+        ),
+        (format!(r#"count(ax_tasks{{queue="{q}"}})"#), 2.0),
+        (format!(r#"sum(ax_queue_pending{{queue="{q}"}})"#), 0.0),
+        (format!(r#"count(ax_queue_pending{{queue="{q}"}})"#), 4.0),
+    ])
     .await;
-    p.wait_value(
-        &format!(r#"ax_tasks{{queue="{q}",type="{dead_type}",phase="Dead"}}"#),
-        DYING as f64,
-    )
-    .await;
-    p.wait_value(&format!(r#"count(ax_tasks{{queue="{q}"}})"#), 2.0)
-        .await;
-    p.wait_value(&format!(r#"sum(ax_queue_pending{{queue="{q}"}})"#), 0.0)
-        .await;
-    p.wait_value(&format!(r#"count(ax_queue_pending{{queue="{q}"}})"#), 4.0)
-        .await;
     let peak_pending = p
-        .query(&format!(
+        .only_value(&format!(
             r#"max(max_over_time(ax_queue_pending{{queue="{q}"}}[10m]))"#
         ))
         .await;
     assert!(
-        peak_pending.len() == 1 && peak_pending[0].value() >= 1.0,
+        peak_pending >= 1.0,
         "8 tasks for 2 slots: some were seen pending: {peak_pending:?}"
     );
-    p.wait_value(&format!(r#"ax_queue_concurrency{{queue="{q}"}}"#), 2.0)
-        .await;
-    p.wait_value(&format!(r#"ax_queue_running{{queue="{q}"}}"#), 0.0)
-        .await;
+    p.wait_values(&[
+        (format!(r#"ax_queue_concurrency{{queue="{q}"}}"#), 2.0),
+        (format!(r#"ax_queue_running{{queue="{q}"}}"#), 0.0),
+    ])
+    .await;
     let peak_running = p
-        .query(&format!(
+        .only_value(&format!(
             r#"max_over_time(ax_queue_running{{queue="{q}"}}[10m])"#
         ))
         .await;
     assert!(
-        peak_running.len() == 1 && (1.0..=2.0).contains(&peak_running[0].value()),
+        (1.0..=2.0).contains(&peak_running),
         "running stayed within the concurrency of 2 and was seen: {peak_running:?}"
     );
     p.wait_value(
