@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
-use common::queue::{create_queue, patch_queue};
+use common::queue::{create_queue, get_queue, patch_queue, wait_queue};
 use common::sim_pool::SimPool;
 use common::*;
 use futures::StreamExt;
@@ -24,34 +24,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
-
-async fn get_queue(client: &Client, name: &str) -> AxQueue {
-    let api: Api<AxQueue> = Api::all(client.clone());
-    api.get(name).await.expect("get queue")
-}
-
-/// Polls the queue until `done` holds, or panics after `timeout` showing its last status.
-async fn wait_queue(
-    client: &Client,
-    name: &str,
-    timeout: Duration,
-    what: &str,
-    mut done: impl FnMut(&AxQueue) -> bool,
-) -> AxQueue {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let queue = get_queue(client, name).await;
-        if done(&queue) {
-            return queue;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "queue {name}: {what} not within {timeout:?}; last status:\n{}",
-            serde_yaml::to_string(&queue.status).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 fn effective(queue: &AxQueue) -> Option<i64> {
     queue.status.as_ref()?.effective_concurrency

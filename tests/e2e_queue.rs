@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
-use common::queue::{TestQueue, create_queue, patch_queue};
+use common::queue::{TestQueue, create_queue, patch_queue, wait_queue};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use jiff::Timestamp;
@@ -24,30 +24,6 @@ const PRIORITIES: [Priority; 4] = [
     Priority::Normal,
     Priority::Low,
 ];
-
-/// Polls the queue until `done` holds, or panics after `timeout` showing its last status.
-async fn wait_queue(
-    client: &Client,
-    name: &str,
-    timeout: Duration,
-    what: &str,
-    done: impl Fn(&AxQueue) -> bool,
-) -> AxQueue {
-    let api: Api<AxQueue> = Api::all(client.clone());
-    let deadline = Instant::now() + timeout;
-    loop {
-        let queue = api.get(name).await.expect("get queue");
-        if done(&queue) {
-            return queue;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "queue {name}: {what} not within {timeout:?}; last status:\n{}",
-            serde_yaml::to_string(&queue.status).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 fn queue_condition(queue: &AxQueue, type_: &str) -> Option<(String, String)> {
     queue

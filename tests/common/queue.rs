@@ -1,5 +1,7 @@
 //! AxQueues made for one test.
 
+use std::time::{Duration, Instant};
+
 use ax::api::AxQueue;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -52,4 +54,32 @@ pub async fn patch_queue(client: &Client, name: &str, spec: serde_json::Value) {
     )
     .await
     .expect("patch queue");
+}
+
+pub async fn get_queue(client: &Client, name: &str) -> AxQueue {
+    let api: Api<AxQueue> = Api::all(client.clone());
+    api.get(name).await.expect("get queue")
+}
+
+/// Polls the queue until `done` holds, or panics after `timeout` showing its last status.
+pub async fn wait_queue(
+    client: &Client,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut(&AxQueue) -> bool,
+) -> AxQueue {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let queue = get_queue(client, name).await;
+        if done(&queue) {
+            return queue;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue {name}: {what} not within {timeout:?}; last status:\n{}",
+            serde_yaml::to_string(&queue.status).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
