@@ -165,9 +165,9 @@ async fn start_measured(test: &str, identity: &str, objects: &str) -> Measured {
 }
 
 impl Measured {
-    /// Once the operator holds all `count` objects, bounds its peak memory above the baseline for
-    /// 5 s by the first of `growth_kib`; then SIGKILLs it and bounds a new one, `restarted`, by
-    /// the second for 10 s.
+    /// Once the operator holds all `count` objects, bounds its peak memory above the baseline by
+    /// `running_kib` for 5 s; then SIGKILLs it and bounds a new one, `restarted`, by
+    /// `restarted_kib` for 10 s.
     async fn assert_bounded_through_a_restart(
         &mut self,
         count: usize,
