@@ -24,7 +24,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 
 pub use classify::classify;
-pub use conditions::{CallbackResult, callback_outcome, set_condition};
+pub use conditions::{CallbackResult, callback_outcome};
 pub use machine::{LEGAL, is_legal};
 pub use observe::{
     Event, Refusal, blocks, current_pod, fence, hard_deadline, main_has_probe, next_attempt_pod,
@@ -41,6 +41,7 @@ use crate::api::{
     ATTEMPTS_CAP, AttemptRecord, AxTaskSpec, AxTaskStatus, Failure, FailureKind, HistoryEntry,
     TaskPhase,
 };
+use crate::core::conditions::CALLBACK_DELIVERED;
 use crate::core::queue::{HeldReason, Outcome};
 use crate::core::worker::WorkerState;
 
@@ -468,7 +469,7 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
             .status
             .conditions
             .iter()
-            .any(|c| c.type_ == "CallbackDelivered");
+            .any(|c| c.type_ == CALLBACK_DELIVERED);
         // The callback reports the final status: sent once no worker of the task runs.
         if spec.callback.is_some() && !delivered && fenced_pod.is_none() {
             d.actions.push(Action::SendCallback);
