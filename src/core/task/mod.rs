@@ -547,7 +547,11 @@ enum Release {
 
 /// The outcome finalizer of a pod being deleted comes off once `status` (the status written
 /// before the finalizer's removal) holds all the pod can tell: its attempt ended before (an older
-/// attempt, a retry scheduled, a terminal phase) or it is of an attempt never taken up. The current
+/// attempt, a retry scheduled, a terminal phase) or it is of an attempt never taken up by a task
+/// that has ended. A later attempt's pod of a task still going (a dispatch whose status write did
+/// not land) is that attempt: it is taken up once nothing else fences the task, and keeps its
+/// outcome until then (the chaos soak found one released while the previous attempt's pod was
+/// still being deleted: its run left no record and the attempt ran again). The current
 /// attempt's pod, Failed or TimedOut, may still report a late success: it keeps the finalizer until
 /// its main container finished, or until nothing will report on it again — never scheduled, its
 /// node gone, the deletion forced (grace 0: Kubernetes 1.20's pod GC for a deleted node, `kubectl
@@ -555,6 +559,9 @@ enum Release {
 /// is in flight the pod is still read (the decision that saw the deletion has ended it already).
 fn outcome_release(pod: &WorkerState, status: &AxTaskStatus, now: Timestamp) -> Release {
     let phase = status.phase;
+    if pod.attempt > status.attempt && !phase.is_some_and(TaskPhase::is_terminal) {
+        return Release::Keep;
+    }
     if pod.attempt != status.attempt {
         return Release::Now;
     }
