@@ -13,4 +13,6 @@ pub mod core;
 pub mod ops;
 
 #[cfg(test)]
+mod module_import_tests;
+#[cfg(test)]
 mod schema_tests;
