@@ -11,10 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// Back edges that exist today. Each must still exist (else delete it here), and the graph
 /// without them must have no cycle.
-const KNOWN_BACK_EDGES: &[(&str, &str)] = &[
-    // issue 26: to be removed
-    ("console", "cli"),
-];
+const KNOWN_BACK_EDGES: &[(&str, &str)] = &[];
 
 /// `from → to`, with where each reference is (file:line).
 type Graph = BTreeMap<(String, String), Vec<String>>;

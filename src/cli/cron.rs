@@ -17,11 +17,13 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource as _, ResourceExt};
 
 use crate::api::{AxCron, AxDag, AxTask, LABEL_CRON};
+use crate::client::ctx::Ctx;
+use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::format::relative;
+use crate::client::operator;
 
 use super::args::{CronArgs, CronCommand};
-use super::ctx::{Ctx, qualified_name};
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format;
+use super::format::{self, qualified_name};
 
 /// On a child created by `kubectl ax cron trigger` (the value: who asked, as the CLI knows it).
 pub const ANNOTATION_MANUAL: &str = "ax.dev/manual-trigger";
@@ -105,10 +107,10 @@ pub fn table(crons: &[AxCron], now: Timestamp, all: bool) -> (Vec<&'static str>,
                 status.active_count.to_string(),
                 status
                     .last_schedule_time
-                    .map_or("-".into(), |t| format::relative(now, t)),
+                    .map_or("-".into(), |t| relative(now, t)),
                 match status.next_schedule_time {
                     Some(_) if c.spec.suspend => "-".into(),
-                    Some(t) => format::relative(now, t),
+                    Some(t) => relative(now, t),
                     None => "-".into(),
                 },
                 match invalid {
@@ -173,7 +175,7 @@ pub fn manual_child(cron: &AxCron, now: Timestamp) -> Result<ManualChild, CliErr
 
 async fn trigger(ctx: &Ctx, name: &str) -> Result<(), CliError> {
     let cron = get(ctx, name).await?;
-    super::operator::check(ctx).await?;
+    operator::check(ctx).await?;
     let params = PostParams {
         field_manager: Some("kubectl-ax".into()),
         ..PostParams::default()

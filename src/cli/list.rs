@@ -12,11 +12,12 @@ use kube::runtime::watcher;
 use serde::Serialize;
 
 use crate::api::AxTask;
+use crate::client::ctx::Ctx;
+use crate::client::error::{CliError, Op, Resource, watch_error};
+use crate::client::format::{age, relative};
 
 use super::args::{ListArgs, OutputFormat};
-use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format::{self, age, relative};
+use super::format;
 use super::target::{TaskFilter, parse_phases};
 
 pub fn headers(wide: bool, all_namespaces: bool) -> Vec<&'static str> {
@@ -255,17 +256,6 @@ async fn watch(ctx: &Ctx, args: &ListArgs, filter: &TaskFilter) -> Result<(), Cl
             }
         }
         out.flush()?;
-    }
-}
-
-/// A watch failure; the first one usually says why nothing can be watched (403, missing CRDs).
-pub fn watch_error(op: &Op, error: watcher::Error) -> CliError {
-    match error {
-        watcher::Error::InitialListFailed(e)
-        | watcher::Error::WatchStartFailed(e)
-        | watcher::Error::WatchFailed(e) => from_kube(op, e),
-        watcher::Error::WatchError(status) => from_kube(op, kube::Error::Api(status)),
-        other => CliError::Unreachable(other.to_string()),
     }
 }
 

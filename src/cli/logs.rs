@@ -10,12 +10,12 @@ use kube::api::{ListParams, LogParams};
 use kube::{Api, ResourceExt};
 
 use crate::api::AxTask;
+use crate::client::ctx::Ctx;
+use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::task::main_container;
 use crate::core::worker::{LABEL_ATTEMPT, LABEL_TASK, label_value, pod_name};
 
 use super::args::LogsArgs;
-use super::ctx::Ctx;
-use super::describe::main_container;
-use super::error::{CliError, Op, Resource, from_kube};
 
 /// The attempt whose logs to show: `--attempt N`, the one before the current with `--previous`,
 /// else the current one.

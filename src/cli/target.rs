@@ -2,8 +2,8 @@
 //! and the `--phase/--type/--queue` filters applied to tasks read from the API server.
 
 use crate::api::{AxTask, TaskPhase};
-
-use super::error::CliError;
+use crate::client::error::CliError;
+use crate::client::task::{ALL_PHASES, effective_phase};
 
 /// A kind of object a target names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,31 +81,12 @@ pub fn parse_phase(text: &str) -> Result<TaskPhase, CliError> {
         })
 }
 
-pub const ALL_PHASES: [TaskPhase; 8] = [
-    TaskPhase::Pending,
-    TaskPhase::Scheduled,
-    TaskPhase::Running,
-    TaskPhase::Succeeded,
-    TaskPhase::Failed,
-    TaskPhase::TimedOut,
-    TaskPhase::Dead,
-    TaskPhase::Canceled,
-];
-
 pub fn parse_phases(texts: &[String]) -> Result<Vec<TaskPhase>, CliError> {
     texts
         .iter()
         .filter(|t| !t.trim().is_empty())
         .map(|t| parse_phase(t))
         .collect()
-}
-
-/// The phase a task shows; a task the operator has not seen yet counts as Pending.
-pub fn effective_phase(task: &AxTask) -> TaskPhase {
-    task.status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .unwrap_or(TaskPhase::Pending)
 }
 
 /// Client-side filters: CRDs in Kubernetes 1.20 support no field selectors beyond the name.

@@ -13,12 +13,12 @@ use kube::api::ListParams;
 use kube::runtime::watcher;
 
 use crate::api::AxQueue;
+use crate::client::ctx::Ctx;
+use crate::client::error::{CliError, Op, Resource, from_kube, watch_error};
+use crate::client::format::time;
 
 use super::args::TopArgs;
-use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format::{self, time};
-use super::list::watch_error;
+use super::format;
 
 pub const HEADERS: [&str; 10] = [
     "QUEUE",

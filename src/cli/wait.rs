@@ -12,13 +12,12 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use crate::api::{AxDag, AxTask, DagPhase, TaskPhase};
+use crate::client::ctx::Ctx;
+use crate::client::error::{CliError, Op, Resource, watch_error};
+use crate::client::format::{human, parse_duration};
+use crate::client::operator;
 
 use super::args::{WaitArgs, WaitFor};
-use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource};
-use super::format::{human, parse_duration};
-use super::list::watch_error;
-use super::operator;
 use super::target::{Kind, Target, parse_targets};
 
 /// Where one target stands with respect to the condition.

@@ -6,10 +6,10 @@
 use kube::Api;
 
 use crate::api::AxTask;
-use crate::cli::ctx::Ctx;
-use crate::cli::error::{CliError, Op, Resource, from_kube};
-use crate::cli::operator;
-use crate::cli::rerun::{
+use crate::client::ctx::Ctx;
+use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::operator;
+use crate::client::rerun::{
     CancelDecision, RetryDecision, cancel_decision_task, cancel_task, patch_params, rerun,
     retry_decision_task,
 };

@@ -17,9 +17,26 @@ pub mod store;
 use std::io::Write;
 use std::net::SocketAddr;
 
-use crate::cli::args::UiArgs;
-use crate::cli::ctx::Ctx;
-use crate::cli::error::CliError;
+use clap::Args;
+
+use crate::client::ctx::Ctx;
+use crate::client::error::CliError;
+
+// Where the console listens: the flags of `kubectl ax ui` (not a doc comment, which clap would
+// take as the about text of `ui`).
+#[derive(Args, Debug, Clone)]
+pub struct UiArgs {
+    /// Port to listen on (0: any free port; the URL printed says which).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Address to listen on. Without it only this machine can connect (127.0.0.1); anyone who
+    /// can reach another address and has the URL acts with your credentials.
+    #[arg(long)]
+    pub address: Option<std::net::IpAddr>,
+    /// Open the console in a browser ($BROWSER, else xdg-open).
+    #[arg(long)]
+    pub open: bool,
+}
 
 /// The address to print for a listener bound to `bound`: a wildcard address is reached on
 /// loopback from this machine.

@@ -22,10 +22,11 @@ use kube::{Api, ResourceExt};
 use maud::{Markup, html};
 
 use crate::api::{AxDag, AxQueue, AxTask};
-use crate::cli::ctx::Ctx;
-use crate::cli::describe::{main_container, pod_info};
-use crate::cli::error::{CliError, Op, Resource, from_kube};
-use crate::cli::rerun::FIELD_MANAGER;
+use crate::client::ctx::Ctx;
+use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::operator;
+use crate::client::rerun::FIELD_MANAGER;
+use crate::client::task::{main_container, pod_info};
 use crate::core::worker::{LABEL_TASK, label_value, pod_name};
 
 use super::actions::{self, Action};
@@ -732,7 +733,7 @@ async fn submit_post(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Re
             );
         }
     };
-    if !dry && let Err(e) = crate::cli::operator::check(&app.ctx).await {
+    if !dry && let Err(e) = operator::check(&app.ctx).await {
         let outcome = Outcome::Errors(vec![FieldError::general(format!(
             "Nothing was created: {e}"
         ))]);

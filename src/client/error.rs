@@ -1,9 +1,12 @@
-//! Errors of `kubectl ax`, each one line a person can act on, and the classification of API server
-//! failures into them (no client required: `classify` is a pure function of the response).
+//! Errors of `kubectl ax` and its console, each one line a person can act on, and the
+//! classification of API server failures into them (no client required: `classify` is a pure
+//! function of the response).
 
 use std::fmt;
 
-/// A kind of object the CLI reads or writes, named as kubectl names it.
+use kube::runtime::watcher;
+
+/// A kind of object the front ends read or write, named as kubectl names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Resource {
     Task,
@@ -281,6 +284,17 @@ pub fn from_kube(op: &Op, error: kube::Error) -> CliError {
         ),
         kube::Error::Auth(e) => CliError::Config(e.to_string()),
         other => CliError::Unreachable(error_chain(&other)),
+    }
+}
+
+/// A watch failure; the first one usually says why nothing can be watched (403, missing CRDs).
+pub fn watch_error(op: &Op, error: watcher::Error) -> CliError {
+    match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => from_kube(op, e),
+        watcher::Error::WatchError(status) => from_kube(op, kube::Error::Api(status)),
+        other => CliError::Unreachable(other.to_string()),
     }
 }
 

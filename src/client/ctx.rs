@@ -1,14 +1,53 @@
-//! The connection of one `kubectl ax` run (client required): the user's kubeconfig and context,
-//! the namespace to look in, and reads of ax objects that turn failures into `CliError`s.
+//! The connection of one `kubectl ax` run, and of the console it starts (client required): the
+//! user's kubeconfig and context as the global flags name them, the namespace to look in, and
+//! reads of ax objects that turn failures into `CliError`s.
 
+use std::path::PathBuf;
+
+use clap::Args;
 use kube::api::{ListParams, ObjectList};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 use crate::api::{AxDag, AxQueue, AxTask};
 
-use super::args::GlobalArgs;
 use super::error::{CliError, Op, Resource, error_chain, from_kube};
+
+/// Where to connect, and where to look.
+#[derive(Args, Debug, Clone, Default)]
+pub struct GlobalArgs {
+    /// Namespace of the tasks (default: the kubeconfig context's namespace, else `default`).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// Every namespace (list, retry/cancel by selector, top is cluster-wide anyway).
+    #[arg(short = 'A', long, global = true)]
+    pub all_namespaces: bool,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Path of the kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the operator's leader-election Lease, checked before acting.
+    #[arg(
+        long,
+        global = true,
+        env = "AX_OPERATOR_NAMESPACE",
+        default_value = "ax-system"
+    )]
+    pub operator_namespace: String,
+    /// Name of the operator's leader-election Lease.
+    #[arg(
+        long,
+        global = true,
+        env = "AX_OPERATOR_LEASE",
+        default_value = "ax-operator"
+    )]
+    pub operator_lease: String,
+    /// Act even when the operator's Lease shows no live operator.
+    #[arg(long, global = true)]
+    pub skip_operator_check: bool,
+}
 
 pub struct Ctx {
     pub client: Client,
@@ -108,13 +147,5 @@ impl Ctx {
             .list(&params)
             .await
             .map_err(|e| from_kube(&op, e))
-    }
-}
-
-/// A task's namespace and name as `ns/name`, or just the name when only one namespace is shown.
-pub fn qualified_name(namespace: Option<&str>, name: &str, all_namespaces: bool) -> String {
-    match namespace {
-        Some(ns) if all_namespaces => format!("{ns}/{name}"),
-        _ => name.to_owned(),
     }
 }
