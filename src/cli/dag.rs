@@ -13,7 +13,7 @@ use kube::api::ListParams;
 use crate::api::AxDag;
 use crate::client::ctx::Ctx;
 use crate::client::dag::{levels, node_phase_name};
-use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::format::age;
 
 use super::args::{DagArgs, OutputFormat};
@@ -82,7 +82,7 @@ pub fn render(dag: &AxDag) -> String {
     out
 }
 
-pub async fn run(ctx: &Ctx, args: &DagArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &DagArgs) -> Result<(), ClientError> {
     let mut out = std::io::stdout().lock();
     let Some(name) = &args.dag else {
         let namespace = ctx.list_namespace();

@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 
 use crate::api::{AxTask, LABEL_DAG, LABEL_DAG_TASK, TaskPhase};
 use crate::client::ctx::Ctx;
-use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::format::{NONE, age, run_time, time};
 use crate::client::task::{AttemptRow, PodInfo, attempt_rows, pod_info, waiting};
 use crate::core::worker::{LABEL_TASK, label_value};
@@ -248,7 +248,7 @@ fn attempt_cells(a: &AttemptRow, now: Timestamp) -> Vec<String> {
     ]
 }
 
-pub async fn run(ctx: &Ctx, args: &DescribeArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &DescribeArgs) -> Result<(), ClientError> {
     let task = ctx.get_task(&args.task).await?;
     let pods = worker_pods(ctx, &task.name_any()).await?;
     let text = render(&task, &pods, Timestamp::now());
@@ -257,7 +257,7 @@ pub async fn run(ctx: &Ctx, args: &DescribeArgs) -> Result<(), CliError> {
 }
 
 /// The task's worker pods that still exist.
-pub async fn worker_pods(ctx: &Ctx, task: &str) -> Result<Vec<PodInfo>, CliError> {
+pub async fn worker_pods(ctx: &Ctx, task: &str) -> Result<Vec<PodInfo>, ClientError> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let op = Op::new("list", Resource::Pod).namespace(Some(&ctx.namespace));
     let pods = api

@@ -10,7 +10,7 @@ use kube::api::Patch;
 
 use crate::api::{AxDag, AxTask, TaskPhase};
 use crate::client::ctx::Ctx;
-use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::operator;
 use crate::client::rerun::{
     CancelDecision, RetryDecision, api_for, cancel_decision_dag, cancel_decision_task,
@@ -46,7 +46,7 @@ impl Item {
 /// ones are skipped quietly (a selector matches whatever happens to be there).
 struct Selection {
     items: Vec<(Item, bool)>,
-    errors: Vec<CliError>,
+    errors: Vec<ClientError>,
 }
 
 async fn select(
@@ -54,9 +54,9 @@ async fn select(
     targets: &[Target],
     selector: Option<&str>,
     filter: Option<&TaskFilter>,
-) -> Result<Selection, CliError> {
+) -> Result<Selection, ClientError> {
     if !targets.is_empty() && ctx.global.all_namespaces {
-        return Err(CliError::Usage(
+        return Err(ClientError::Usage(
             "names need one namespace: use -n NAMESPACE, or -A with -l/--phase/--queue only".into(),
         ));
     }
@@ -71,7 +71,7 @@ async fn select(
         };
         match read {
             Ok(item) => selection.items.push((item, true)),
-            Err(e @ CliError::NotFound { .. }) => selection.errors.push(e),
+            Err(e @ ClientError::NotFound { .. }) => selection.errors.push(e),
             Err(e) => return Err(e),
         }
     }
@@ -103,7 +103,7 @@ async fn select(
 
 /// The per-object report lines go to stdout, errors to stderr; a single failing target returns
 /// its own error (one line), several return `Partial`.
-fn finish(failures: Vec<CliError>, total: usize) -> Result<(), CliError> {
+fn finish(failures: Vec<ClientError>, total: usize) -> Result<(), ClientError> {
     if failures.is_empty() {
         return Ok(());
     }
@@ -114,20 +114,20 @@ fn finish(failures: Vec<CliError>, total: usize) -> Result<(), CliError> {
     for f in failures {
         eprintln!("error: {f}");
     }
-    Err(CliError::Partial { failed, total })
+    Err(ClientError::Partial { failed, total })
 }
 
-pub async fn retry(ctx: &Ctx, args: &RetryArgs) -> Result<(), CliError> {
+pub async fn retry(ctx: &Ctx, args: &RetryArgs) -> Result<(), ClientError> {
     let targets = parse_targets(&args.targets)?;
     let phases = parse_phases(&args.phase)?;
     if let Some(p) = phases.iter().find(|p| !p.is_terminal()) {
-        return Err(CliError::Usage(format!(
+        return Err(ClientError::Usage(format!(
             "--phase {p}: retry re-runs finished tasks only (Succeeded, Dead, Canceled)"
         )));
     }
     let by_selection = args.selector.is_some() || !phases.is_empty();
     if targets.is_empty() && !by_selection {
-        return Err(CliError::Usage(
+        return Err(ClientError::Usage(
             "name the tasks to re-run (NAME..., dag/NAME), or select them with -l SELECTOR or --phase Dead".into(),
         ));
     }
@@ -184,7 +184,7 @@ pub async fn retry(ctx: &Ctx, args: &RetryArgs) -> Result<(), CliError> {
                 let text =
                     format!("{label}: not finished ({phase}); retry re-runs finished tasks only");
                 if explicit {
-                    failures.push(CliError::NotMet(text));
+                    failures.push(ClientError::NotMet(text));
                 } else {
                     writeln!(out, "{text}: skipped")?;
                 }
@@ -200,7 +200,7 @@ pub async fn retry(ctx: &Ctx, args: &RetryArgs) -> Result<(), CliError> {
 }
 
 /// Asks on stderr, reads the answer from stdin; only `y`/`yes` confirms.
-fn confirm(question: &str) -> Result<bool, CliError> {
+fn confirm(question: &str) -> Result<bool, ClientError> {
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;
     let mut answer = String::new();
@@ -211,11 +211,11 @@ fn confirm(question: &str) -> Result<bool, CliError> {
     ))
 }
 
-pub async fn cancel(ctx: &Ctx, args: &CancelArgs) -> Result<(), CliError> {
+pub async fn cancel(ctx: &Ctx, args: &CancelArgs) -> Result<(), ClientError> {
     let targets = parse_targets(&args.targets)?;
     let by_selection = args.selector.is_some() || args.queue.is_some();
     if targets.is_empty() && !by_selection {
-        return Err(CliError::Usage(
+        return Err(ClientError::Usage(
             "name the tasks to cancel (NAME..., dag/NAME), or select them with -l SELECTOR or --queue QUEUE".into(),
         ));
     }
@@ -258,7 +258,7 @@ pub async fn cancel(ctx: &Ctx, args: &CancelArgs) -> Result<(), CliError> {
             None => "in all namespaces".into(),
         };
         if !confirm(&format!("Cancel {to_cancel} tasks {scope}?"))? {
-            return Err(CliError::Usage(format!(
+            return Err(ClientError::Usage(format!(
                 "not canceled: {to_cancel} tasks match and the answer was not yes (--yes cancels without asking)"
             )));
         }
@@ -321,12 +321,12 @@ mod tests {
 
     #[test]
     fn one_failing_target_reports_its_own_error() {
-        let e = finish(vec![CliError::Usage("only".into())], 1).unwrap_err();
+        let e = finish(vec![ClientError::Usage("only".into())], 1).unwrap_err();
         assert_eq!(e.to_string(), "only");
-        let e = finish(vec![CliError::Usage("a".into())], 3).unwrap_err();
+        let e = finish(vec![ClientError::Usage("a".into())], 3).unwrap_err();
         assert_eq!(
             e,
-            CliError::Partial {
+            ClientError::Partial {
                 failed: 1,
                 total: 3
             }

@@ -9,28 +9,29 @@ use kube::api::PostParams;
 use serde_json::Value;
 
 use crate::client::ctx::Ctx;
-use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::operator;
 use crate::client::submit::{build_task, parse_payload};
 
 use super::args::SubmitArgs;
 use super::list::to_yaml;
 
-fn read_source(path: &std::path::Path) -> Result<String, CliError> {
+fn read_source(path: &std::path::Path) -> Result<String, ClientError> {
     if path.as_os_str() == "-" {
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text)?;
         return Ok(text);
     }
-    std::fs::read_to_string(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
+    std::fs::read_to_string(path)
+        .map_err(|e| ClientError::Usage(format!("{}: {e}", path.display())))
 }
 
-pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), ClientError> {
     let base = match &args.file {
         Some(path) => {
             let text = read_source(path)?;
             let value: Value = serde_yaml::from_str(&text).map_err(|e| {
-                CliError::Usage(format!("{}: not YAML or JSON: {e}", path.display()))
+                ClientError::Usage(format!("{}: not YAML or JSON: {e}", path.display()))
             })?;
             Some(value)
         }

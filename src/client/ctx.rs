@@ -1,6 +1,6 @@
 //! The connection of one `kubectl ax` run, and of the console it starts (client required): the
 //! user's kubeconfig and context as the global flags name them, the namespace to look in, and
-//! reads of ax objects that turn failures into `CliError`s.
+//! reads of ax objects that turn failures into `ClientError`s.
 
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ use kube::{Api, Client, Config};
 
 use crate::api::{AxDag, AxQueue, AxTask};
 
-use super::error::{CliError, Op, Resource, error_chain, from_kube};
+use super::error::{ClientError, Op, Resource, error_chain, from_kube};
 
 /// Where to connect, and where to look.
 #[derive(Args, Debug, Clone, Default)]
@@ -59,7 +59,7 @@ pub struct Ctx {
 impl Ctx {
     /// A client from `--kubeconfig`/`--context`, else kube's usual inference ($KUBECONFIG,
     /// ~/.kube/config, in-cluster).
-    pub async fn connect(global: &GlobalArgs) -> Result<Ctx, CliError> {
+    pub async fn connect(global: &GlobalArgs) -> Result<Ctx, ClientError> {
         let options = KubeConfigOptions {
             context: global.context.clone(),
             ..KubeConfigOptions::default()
@@ -67,23 +67,23 @@ impl Ctx {
         let config = match (&global.kubeconfig, &global.context) {
             (Some(path), _) => {
                 let kubeconfig = Kubeconfig::read_from(path)
-                    .map_err(|e| CliError::Config(format!("{}: {}", path.display(), e)))?;
+                    .map_err(|e| ClientError::Config(format!("{}: {}", path.display(), e)))?;
                 Config::from_custom_kubeconfig(kubeconfig, &options)
                     .await
-                    .map_err(|e| CliError::Config(error_chain(&e)))?
+                    .map_err(|e| ClientError::Config(error_chain(&e)))?
             }
             (None, Some(_)) => Config::from_kubeconfig(&options)
                 .await
-                .map_err(|e| CliError::Config(error_chain(&e)))?,
+                .map_err(|e| ClientError::Config(error_chain(&e)))?,
             (None, None) => Config::infer()
                 .await
-                .map_err(|e| CliError::Config(error_chain(&e)))?,
+                .map_err(|e| ClientError::Config(error_chain(&e)))?,
         };
         let namespace = global
             .namespace
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
-        let client = Client::try_from(config).map_err(|e| CliError::Config(error_chain(&e)))?;
+        let client = Client::try_from(config).map_err(|e| ClientError::Config(error_chain(&e)))?;
         Ok(Ctx {
             client,
             namespace,
@@ -115,7 +115,7 @@ impl Ctx {
     }
 
     /// The task, or `NotFound` naming the namespace searched.
-    pub async fn get_task(&self, name: &str) -> Result<AxTask, CliError> {
+    pub async fn get_task(&self, name: &str) -> Result<AxTask, ClientError> {
         let op = Op::new("get", Resource::Task)
             .namespace(Some(&self.namespace))
             .name(name);
@@ -125,7 +125,7 @@ impl Ctx {
             .map_err(|e| from_kube(&op, e))
     }
 
-    pub async fn get_dag(&self, name: &str) -> Result<AxDag, CliError> {
+    pub async fn get_dag(&self, name: &str) -> Result<AxDag, ClientError> {
         let op = Op::new("get", Resource::Dag)
             .namespace(Some(&self.namespace))
             .name(name);
@@ -136,7 +136,10 @@ impl Ctx {
     }
 
     /// Tasks in the namespace (or all with `-A`) matching the label selector.
-    pub async fn list_tasks(&self, selector: Option<&str>) -> Result<ObjectList<AxTask>, CliError> {
+    pub async fn list_tasks(
+        &self,
+        selector: Option<&str>,
+    ) -> Result<ObjectList<AxTask>, ClientError> {
         let namespace = self.list_namespace();
         let op = Op::new("list", Resource::Task).namespace(namespace);
         let mut params = ListParams::default();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::error::CliError;
+use super::error::ClientError;
 
 /// Shown for an empty cell.
 pub const NONE: &str = "-";
@@ -100,7 +100,7 @@ pub fn time(t: Timestamp) -> String {
 }
 
 /// A duration flag: whole seconds (`600`) or a duration (`10m`, `1h30m`, `90s`).
-pub fn parse_duration(flag: &str, text: &str) -> Result<Duration, CliError> {
+pub fn parse_duration(flag: &str, text: &str) -> Result<Duration, ClientError> {
     let text = text.trim();
     if let Ok(seconds) = text.parse::<u64>() {
         return Ok(Duration::from_secs(seconds));
@@ -108,22 +108,22 @@ pub fn parse_duration(flag: &str, text: &str) -> Result<Duration, CliError> {
     let parsed: Result<SignedDuration, _> = text.parse();
     match parsed {
         Ok(d) if !d.is_negative() => Ok(d.unsigned_abs()),
-        _ => Err(CliError::Usage(format!(
+        _ => Err(ClientError::Usage(format!(
             "--{flag} {text:?}: not a duration (use seconds like 600, or 90s, 10m, 1h30m)"
         ))),
     }
 }
 
 /// A duration flag in whole seconds, at least 1 (API fields count `*Seconds`).
-pub fn parse_seconds(flag: &str, text: &str) -> Result<i64, CliError> {
+pub fn parse_seconds(flag: &str, text: &str) -> Result<i64, ClientError> {
     let d = parse_duration(flag, text)?;
     let seconds = d.as_secs();
     if seconds == 0 || d.subsec_nanos() != 0 {
-        return Err(CliError::Usage(format!(
+        return Err(ClientError::Usage(format!(
             "--{flag} {text:?}: must be a whole number of seconds, at least 1"
         )));
     }
-    i64::try_from(seconds).map_err(|_| CliError::Usage(format!("--{flag} {text:?}: too long")))
+    i64::try_from(seconds).map_err(|_| ClientError::Usage(format!("--{flag} {text:?}: too long")))
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use crate::api::{AxDag, AxTask, DagPhase};
 
 use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource, from_kube};
+use super::error::{ClientError, Op, Resource, from_kube};
 use super::task::effective_phase;
 
 /// Field manager of our patches, as `kubectl` records its own.
@@ -159,7 +159,7 @@ pub async fn rerun<K>(
     first: K,
     decide: fn(&K) -> RetryDecision,
     dry_run: bool,
-) -> Result<(RetryDecision, i64), CliError>
+) -> Result<(RetryDecision, i64), ClientError>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -193,7 +193,7 @@ where
             Err(e) => return Err(from_kube(&op, e)),
         }
     }
-    Err(CliError::NotMet(format!(
+    Err(ClientError::NotMet(format!(
         "{} \"{name}\" kept changing: gave up after {MAX_CONFLICTS} conflicting writes",
         resource.singular()
     )))
@@ -205,7 +205,7 @@ pub async fn cancel_task(
     ctx: &Ctx,
     task: &AxTask,
     params: &PatchParams,
-) -> Result<CancelDecision, CliError> {
+) -> Result<CancelDecision, ClientError> {
     let decision = cancel_decision_task(task);
     if matches!(decision, CancelDecision::Cancel { .. }) {
         let op = Op::new("patch", Resource::Task)

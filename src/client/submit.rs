@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::api::{AxTask, Priority};
 
-use super::error::CliError;
+use super::error::ClientError;
 use super::format::parse_seconds;
 use super::task::MAIN_CONTAINER_ANNOTATION;
 
@@ -71,12 +71,12 @@ pub struct TaskFields {
     pub labels: Vec<String>,
 }
 
-fn usage(text: impl Into<String>) -> CliError {
-    CliError::Usage(text.into())
+fn usage(text: impl Into<String>) -> ClientError {
+    ClientError::Usage(text.into())
 }
 
 /// `KEY=VALUE` of a repeatable flag.
-fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), CliError> {
+fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), ClientError> {
     match text.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k, v)),
         _ => Err(usage(format!("--{flag} {text:?}: expected KEY=VALUE"))),
@@ -85,7 +85,7 @@ fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), CliErr
 
 /// The payload flag: a JSON object, or `@FILE` holding one (the file is read by the caller and
 /// passed as `file_text`).
-pub fn parse_payload(text: &str, file_text: Option<&str>) -> Result<Value, CliError> {
+pub fn parse_payload(text: &str, file_text: Option<&str>) -> Result<Value, ClientError> {
     let (source, json_text) = match file_text {
         Some(t) => (text.to_string(), t),
         None => ("--payload".to_string(), text),
@@ -107,7 +107,7 @@ pub fn build_task(
     base: Option<Value>,
     payload: Option<Value>,
     namespace: &str,
-) -> Result<AxTask, CliError> {
+) -> Result<AxTask, ClientError> {
     let what = if base.is_some() {
         "the manifest"
     } else {
@@ -124,7 +124,7 @@ pub fn build_task_value(
     base: Option<Value>,
     payload: Option<Value>,
     namespace: &str,
-) -> Result<Value, CliError> {
+) -> Result<Value, ClientError> {
     let mut task = base.unwrap_or_else(|| {
         json!({
             "apiVersion": "ax.dev/v1alpha1",

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use clap::Args;
 
 use crate::client::ctx::Ctx;
-use crate::client::error::CliError;
+use crate::client::error::ClientError;
 
 // Where the console listens: the flags of `kubectl ax ui` (not a doc comment, which clap would
 // take as the about text of `ui`).
@@ -49,11 +49,11 @@ pub fn url_host(bound: SocketAddr) -> String {
 }
 
 /// Serves the console until Ctrl-C. The first line on stdout is its URL, token included.
-pub async fn run(ctx: Ctx, args: &UiArgs) -> Result<(), CliError> {
+pub async fn run(ctx: Ctx, args: &UiArgs) -> Result<(), ClientError> {
     let address = SocketAddr::new(security::bind_address(args.address), args.port);
     let listener = tokio::net::TcpListener::bind(address)
         .await
-        .map_err(|e| CliError::Usage(format!("cannot listen on {address}: {e}")))?;
+        .map_err(|e| ClientError::Usage(format!("cannot listen on {address}: {e}")))?;
     let bound = listener.local_addr()?;
     let token = security::token_from(rand::random());
     let scope = ctx.list_namespace().map(str::to_owned);
@@ -83,7 +83,7 @@ pub async fn run(ctx: Ctx, args: &UiArgs) -> Result<(), CliError> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
-        .map_err(|e| CliError::Io(e.to_string()))
+        .map_err(|e| ClientError::Io(e.to_string()))
 }
 
 /// `$BROWSER URL`, else `xdg-open URL`; a failure is a warning (the URL is printed anyway).

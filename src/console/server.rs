@@ -23,7 +23,7 @@ use maud::{Markup, html};
 
 use crate::api::{AxDag, AxQueue, AxTask};
 use crate::client::ctx::Ctx;
-use crate::client::error::{CliError, Op, Resource, from_kube};
+use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::operator;
 use crate::client::rerun::FIELD_MANAGER;
 use crate::client::task::{main_container, pod_info};
@@ -680,7 +680,7 @@ async fn submit_page(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> Resp
 }
 
 /// The API server's verdict on a refused create, field by field where it says which.
-fn api_errors(e: CliError, kube_error: Option<&kube::Error>) -> Vec<FieldError> {
+fn api_errors(e: ClientError, kube_error: Option<&kube::Error>) -> Vec<FieldError> {
     if let Some(kube::Error::Api(status)) = kube_error
         && status.code == 422
     {
@@ -699,7 +699,7 @@ fn api_errors(e: CliError, kube_error: Option<&kube::Error>) -> Vec<FieldError> 
         return vec![FieldError::general(status.message.clone())];
     }
     let text = match &e {
-        CliError::Forbidden { .. } => format!("not allowed — {e}"),
+        ClientError::Forbidden { .. } => format!("not allowed — {e}"),
         _ => e.to_string(),
     };
     vec![FieldError::general(text)]
@@ -772,7 +772,7 @@ async fn submit_post(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Re
         Err(e) => {
             let errors = match &e {
                 kube::Error::Api(status) if status.code == 422 => {
-                    api_errors(CliError::Usage(String::new()), Some(&e))
+                    api_errors(ClientError::Usage(String::new()), Some(&e))
                 }
                 _ => api_errors(from_kube(&op, e), None),
             };
