@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::AxDag;
-use crate::cli::dag::{levels, node_phase_name};
+use crate::client::dag::{levels, node_phase_name};
 
 use super::super::html::{ago, dag_href, phase_badge, task_href};
 

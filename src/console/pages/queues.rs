@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::{AxQueue, AxTask, Priority, TaskPhase};
-use crate::cli::target::effective_phase;
+use crate::client::task::effective_phase;
 use crate::core::queue::queue_config;
 use crate::core::queue::weights::effective_weights;
 

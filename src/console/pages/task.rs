@@ -7,9 +7,11 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::{AxTask, LABEL_DAG, LABEL_DAG_TASK};
-use crate::cli::describe::{AttemptRow, PodInfo, attempt_rows, waiting};
-use crate::cli::format::{run_time, time};
-use crate::cli::rerun::{CancelDecision, RetryDecision, cancel_decision_task, retry_decision_task};
+use crate::client::format::{run_time, time};
+use crate::client::rerun::{
+    CancelDecision, RetryDecision, cancel_decision_task, retry_decision_task,
+};
+use crate::client::task::{AttemptRow, PodInfo, attempt_rows, waiting};
 
 use super::super::diagram;
 use super::super::html::{ago, dag_href, phase_badge, seg, task_href, token_field};
