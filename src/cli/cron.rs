@@ -21,6 +21,7 @@ use crate::client::ctx::Ctx;
 use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::format::relative;
 use crate::client::operator;
+use crate::core::conditions;
 
 use super::args::{CronArgs, CronCommand};
 use super::format::{self, qualified_name};
@@ -91,10 +92,7 @@ pub fn table(crons: &[AxCron], now: Timestamp, all: bool) -> (Vec<&'static str>,
         .iter()
         .map(|c| {
             let status = c.status.clone().unwrap_or_default();
-            let invalid = status
-                .conditions
-                .iter()
-                .find(|k| k.type_ == "InvalidSpec" && k.status == "True");
+            let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true);
             vec![
                 qualified_name(c.namespace().as_deref(), &c.name_any(), all),
                 c.spec.schedule.clone(),
@@ -115,7 +113,7 @@ pub fn table(crons: &[AxCron], now: Timestamp, all: bool) -> (Vec<&'static str>,
                 },
                 match invalid {
                     Some(k) => format!("InvalidSpec: {}", k.message),
-                    None if c.spec.suspend => "Suspended".into(),
+                    None if c.spec.suspend => conditions::SUSPENDED.into(),
                     None => "Scheduled".into(),
                 },
             ]

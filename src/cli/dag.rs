@@ -15,6 +15,7 @@ use crate::client::ctx::Ctx;
 use crate::client::dag::{levels, node_phase_name};
 use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::format::age;
+use crate::core::conditions;
 
 use super::args::{DagArgs, OutputFormat};
 use super::format;
@@ -44,7 +45,7 @@ pub fn render(dag: &AxDag) -> String {
     for c in status
         .conditions
         .iter()
-        .filter(|c| c.status == "True" && c.type_ != "Ready")
+        .filter(|c| c.status == "True" && c.type_ != conditions::READY)
     {
         out.push_str(&format!("{}: {}: {}\n", c.type_, c.reason, c.message));
     }

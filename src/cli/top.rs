@@ -16,6 +16,7 @@ use crate::api::AxQueue;
 use crate::client::ctx::Ctx;
 use crate::client::error::{ClientError, Op, Resource, from_kube, watch_error};
 use crate::client::format::time;
+use crate::core::conditions;
 
 use super::args::TopArgs;
 use super::format;
@@ -36,12 +37,9 @@ pub const HEADERS: [&str; 10] = [
 /// One queue under `HEADERS`; RUNNING is `running/concurrency`, an invalid spec is flagged.
 pub fn queue_row(queue: &AxQueue) -> Vec<String> {
     let status = queue.status.clone().unwrap_or_default();
-    let invalid = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "InvalidSpec" && c.status == "True");
+    let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true).is_some();
     let name = if invalid {
-        format!("{} (InvalidSpec)", queue.name_any())
+        format!("{} ({})", queue.name_any(), conditions::INVALID_SPEC)
     } else {
         queue.name_any()
     };

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use crate::api::{AxTask, TaskPhase};
+use crate::core::conditions;
 use crate::core::worker::{LABEL_ATTEMPT, pod_name};
 
 use super::format::{relative, time};
@@ -206,7 +207,7 @@ pub fn waiting(task: &AxTask, now: Timestamp) -> Vec<(&'static str, String)> {
             .find(|c| c.type_ == type_ && c.status == "True")
     };
     if status.phase.is_none_or(|p| p == TaskPhase::Pending) {
-        if let Some(q) = status.condition("Queued") {
+        if let Some(q) = status.condition(conditions::QUEUED) {
             let message = if q.message.is_empty() {
                 String::new()
             } else {
@@ -221,7 +222,7 @@ pub fn waiting(task: &AxTask, now: Timestamp) -> Vec<(&'static str, String)> {
             ));
         }
     }
-    if let Some(c) = condition("WorkerTerminating") {
+    if let Some(c) = condition(conditions::WORKER_TERMINATING) {
         lines.push(("Blocked", format!("WorkerTerminating: {}", c.message)));
     }
     lines
