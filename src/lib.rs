@@ -2,15 +2,19 @@
 //!
 //! `api` holds the custom resource types, `core` every decision as pure functions over plain data,
 //! `controller` the thin reconcilers that read, decide with the core, and write; `ops` metrics, the
-//! HTTP endpoints and leader election; `cli` the `kubectl ax` plugin (binary `kubectl-ax`), and
-//! `console` its web console (`kubectl ax ui`).
+//! HTTP endpoints and leader election; `cli` the `kubectl ax` plugin (binary `kubectl-ax`),
+//! `console` its web console (`kubectl ax ui`), and `client` what both front ends share: the
+//! connection, the errors, the requests they write and what they make of what they read.
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod console;
 pub mod controller;
 pub mod core;
 pub mod ops;
 
+#[cfg(test)]
+mod module_import_tests;
 #[cfg(test)]
 mod schema_tests;

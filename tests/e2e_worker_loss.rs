@@ -487,3 +487,103 @@ async fn a_dispatch_pod_deleted_before_its_status_landed_is_recorded_as_its_atte
         .await
         .unwrap();
 }
+
+/// What the 3,000-task soak found: pod GC deleted the previous attempt's pod and, a moment later,
+/// the next attempt's pod of a dispatch whose status write did not land. While the first one was
+/// still being deleted it fenced the task, so the second was not taken up yet — and its outcome
+/// finalizer came off at once: its run left no record and the attempt ran again under the same
+/// name. Here attempt 1's pod is held in deletion by a finalizer of the test's, and attempt 2's pod
+/// is made by hand (hidden from the operator until it is being deleted, as in the test above).
+#[tokio::test]
+async fn a_next_attempts_pod_keeps_its_outcome_while_the_previous_pod_is_still_being_deleted() {
+    let client = client().await;
+    let ns = namespace(&client, "fenced-next").await;
+    let audit = common::audit::audit(&client, &ns);
+    let worker = SimWorker::running_for(1500).start_ms(200).exit_code(1);
+    let t = sim_task_with("fenced", "loss", &worker, |v| {
+        v["spec"]["retry"] = json!({"maxRetries": 3, "backoff": {"baseSeconds": 20}});
+    });
+    create(&client, &ns, &t).await;
+    const HOLD: &str = "e2e.ax.dev/hold";
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let hold = Patch::Json::<()>(
+        serde_json::from_value(
+            json!([{"op": "add", "path": "/metadata/finalizers/-", "value": HOLD}]),
+        )
+        .unwrap(),
+    );
+    let deadline = Instant::now() + LONG;
+    while pods
+        .patch("fenced-1", &PatchParams::default(), &hold)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "no pod fenced-1 within {LONG:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waiting = wait_task(&client, &ns, "fenced", LONG, |t| {
+        phase(t) == Some(TaskPhase::Pending) && t.status.as_ref().is_some_and(|s| s.attempt == 1)
+    })
+    .await;
+    // Attempt 1's pod stays being deleted: it fences the task.
+    pods.delete("fenced-1", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let mut made = ax::core::worker::build_pod(&waiting, 2, "{}");
+    let labels = made.metadata.labels.as_mut().unwrap();
+    let task_label = labels.remove(ax::core::worker::LABEL_TASK).unwrap();
+    made.spec.as_mut().unwrap().node_selector =
+        Some([("e2e.ax.dev/nowhere".to_string(), "true".to_string())].into());
+    pods.create(&PostParams::default(), &made).await.unwrap();
+    pods.delete("fenced-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    let label = Patch::Merge(json!({"metadata": {"labels": {
+        ax::core::worker::LABEL_TASK: task_label}}}));
+    pods.patch("fenced-2", &PatchParams::default(), &label)
+        .await
+        .unwrap();
+    never_during(
+        Duration::from_secs(5),
+        "attempt 2's pod while attempt 1's fences the task",
+        async || {
+            let present = pod(&client, &ns, "fenced-2").await.is_some();
+            (!present).then(|| "gone, its run unrecorded".to_string())
+        },
+    )
+    .await;
+
+    let unhold = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    pods.patch("fenced-1", &PatchParams::default(), &unhold)
+        .await
+        .unwrap();
+    let t = wait_task(&client, &ns, "fenced", LONG, |t| {
+        t.status.as_ref().is_some_and(|s| {
+            s.attempts
+                .iter()
+                .any(|a| a.attempt == 2 && a.failure_kind.is_some())
+        })
+    })
+    .await;
+    let s = t.status.clone().unwrap();
+    let record = s.attempts.iter().find(|a| a.attempt == 2).unwrap();
+    assert_eq!(
+        record.failure_kind,
+        Some(FailureKind::Infrastructure),
+        "{s:#?}"
+    );
+    assert_eq!(s.retries, 1, "attempt 1's failure only: {s:#?}");
+    wait_pod_gone(&client, &ns, "fenced-2", LONG).await;
+    let created_2 = audit
+        .pod_lifecycle("fenced")
+        .iter()
+        .filter(|(op, attempt)| *op == '+' && attempt == "2")
+        .count();
+    assert_eq!(created_2, 1, "{:?}", audit.pod_lifecycle("fenced"));
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    tasks
+        .delete("fenced", &DeleteParams::default())
+        .await
+        .unwrap();
+}

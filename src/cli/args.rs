@@ -4,6 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::client::ctx::GlobalArgs;
+use crate::client::submit::TaskFields;
+use crate::console::UiArgs;
+
 /// `kubectl ax`: the ax operators' console (tasks, DAGs, queues) in the terminal.
 #[derive(Parser, Debug)]
 #[command(
@@ -18,42 +22,6 @@ pub struct Cli {
     pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Where to connect, and where to look.
-#[derive(Args, Debug, Clone, Default)]
-pub struct GlobalArgs {
-    /// Namespace of the tasks (default: the kubeconfig context's namespace, else `default`).
-    #[arg(short = 'n', long, global = true)]
-    pub namespace: Option<String>,
-    /// Every namespace (list, retry/cancel by selector, top is cluster-wide anyway).
-    #[arg(short = 'A', long, global = true)]
-    pub all_namespaces: bool,
-    /// The kubeconfig context to use (default: its current context).
-    #[arg(long, global = true)]
-    pub context: Option<String>,
-    /// Path of the kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
-    #[arg(long, global = true)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Namespace of the operator's leader-election Lease, checked before acting.
-    #[arg(
-        long,
-        global = true,
-        env = "AX_OPERATOR_NAMESPACE",
-        default_value = "ax-system"
-    )]
-    pub operator_namespace: String,
-    /// Name of the operator's leader-election Lease.
-    #[arg(
-        long,
-        global = true,
-        env = "AX_OPERATOR_LEASE",
-        default_value = "ax-operator"
-    )]
-    pub operator_lease: String,
-    /// Act even when the operator's Lease shows no live operator.
-    #[arg(long, global = true)]
-    pub skip_operator_check: bool,
 }
 
 // One value per run: the size difference between verbs does not matter.
@@ -239,57 +207,8 @@ pub struct SubmitArgs {
     /// An AxTask manifest (YAML or JSON, `-` for stdin); the flags below override its fields.
     #[arg(short = 'f', long)]
     pub file: Option<PathBuf>,
-    /// Task name (default: `<type>-` plus a random suffix chosen by the API server).
-    #[arg(long)]
-    pub name: Option<String>,
-    /// Task type (`spec.type`); required without `-f`.
-    #[arg(long = "type")]
-    pub task_type: Option<String>,
-    /// Worker image; required without `-f`.
-    #[arg(long)]
-    pub image: Option<String>,
-    /// `imagePullPolicy` of the worker container (Always, IfNotPresent, Never).
-    #[arg(long)]
-    pub image_pull_policy: Option<String>,
-    /// Shell command for the worker, run as `sh -c COMMAND`.
-    #[arg(long, conflicts_with = "args")]
-    pub command: Option<String>,
-    /// Worker command in exec form, after `--`: `kubectl ax submit ... -- /bin/worker --fast`.
-    #[arg(last = true)]
-    pub args: Vec<String>,
-    /// Environment variable of the worker, `NAME=VALUE` (repeatable).
-    #[arg(long = "env", short = 'e')]
-    pub env: Vec<String>,
-    /// Priority bucket: Critical, High, Normal or Low.
-    #[arg(long)]
-    pub priority: Option<String>,
-    /// AxQueue to wait in.
-    #[arg(long)]
-    pub queue: Option<String>,
-    /// Payload: a JSON object, or `@FILE` to read it from a file.
-    #[arg(long)]
-    pub payload: Option<String>,
-    /// Retries after the first attempt (`retry.maxRetries`).
-    #[arg(long)]
-    pub max_retries: Option<i32>,
-    /// Hard timeout of an attempt: seconds, or a duration like `10m`, `1h30m`.
-    #[arg(long)]
-    pub hard_timeout: Option<String>,
-    /// Soft timeout of an attempt: seconds, or a duration like `30s`.
-    #[arg(long)]
-    pub soft_timeout: Option<String>,
-    /// Total retry budget from the first dispatch: seconds, or a duration like `1h`.
-    #[arg(long)]
-    pub budget: Option<String>,
-    /// Do not queue the task before this RFC 3339 time.
-    #[arg(long)]
-    pub start_after: Option<String>,
-    /// Delete the task this long after it finished: seconds, or a duration.
-    #[arg(long)]
-    pub ttl: Option<String>,
-    /// Label of the task, `KEY=VALUE` (repeatable).
-    #[arg(long = "label", short = 'L')]
-    pub labels: Vec<String>,
+    #[command(flatten)]
+    pub task: TaskFields,
     /// Print the task that would be created (YAML) instead of creating it.
     #[arg(long)]
     pub dry_run: bool,
@@ -314,20 +233,6 @@ pub struct WaitArgs {
     /// Give up after this long (seconds, or a duration like `10m`).
     #[arg(long, default_value = "10m")]
     pub timeout: String,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct UiArgs {
-    /// Port to listen on (0: any free port; the URL printed says which).
-    #[arg(long, default_value_t = 0)]
-    pub port: u16,
-    /// Address to listen on. Without it only this machine can connect (127.0.0.1); anyone who
-    /// can reach another address and has the URL acts with your credentials.
-    #[arg(long)]
-    pub address: Option<std::net::IpAddr>,
-    /// Open the console in a browser ($BROWSER, else xdg-open).
-    #[arg(long)]
-    pub open: bool,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

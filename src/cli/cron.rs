@@ -17,16 +17,19 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource as _, ResourceExt};
 
 use crate::api::{AxCron, AxDag, AxTask, LABEL_CRON};
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, from_kube};
+use crate::client::format::relative;
+use crate::client::operator;
+use crate::core::conditions;
 
 use super::args::{CronArgs, CronCommand};
-use super::ctx::{Ctx, qualified_name};
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format;
+use super::format::{self, qualified_name};
 
 /// On a child created by `kubectl ax cron trigger` (the value: who asked, as the CLI knows it).
 pub const ANNOTATION_MANUAL: &str = "ax.dev/manual-trigger";
 
-pub async fn run(ctx: &Ctx, args: &CronArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &CronArgs) -> Result<(), ClientError> {
     match &args.command {
         CronCommand::List(list) => self::list(ctx, list.no_headers).await,
         CronCommand::Trigger { name } => trigger(ctx, name).await,
@@ -42,7 +45,7 @@ fn crons(ctx: &Ctx, namespace: Option<&str>) -> Api<AxCron> {
     }
 }
 
-async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, CliError> {
+async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, ClientError> {
     let op = Op::new("get", Resource::Cron)
         .namespace(Some(&ctx.namespace))
         .name(name);
@@ -52,7 +55,7 @@ async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, CliError> {
         .map_err(|e| from_kube(&op, e))
 }
 
-async fn list(ctx: &Ctx, no_headers: bool) -> Result<(), CliError> {
+async fn list(ctx: &Ctx, no_headers: bool) -> Result<(), ClientError> {
     let namespace = ctx.list_namespace();
     let op = Op::new("list", Resource::Cron).namespace(namespace);
     let mut items = crons(ctx, namespace)
@@ -89,10 +92,7 @@ pub fn table(crons: &[AxCron], now: Timestamp, all: bool) -> (Vec<&'static str>,
         .iter()
         .map(|c| {
             let status = c.status.clone().unwrap_or_default();
-            let invalid = status
-                .conditions
-                .iter()
-                .find(|k| k.type_ == "InvalidSpec" && k.status == "True");
+            let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true);
             vec![
                 qualified_name(c.namespace().as_deref(), &c.name_any(), all),
                 c.spec.schedule.clone(),
@@ -105,15 +105,15 @@ pub fn table(crons: &[AxCron], now: Timestamp, all: bool) -> (Vec<&'static str>,
                 status.active_count.to_string(),
                 status
                     .last_schedule_time
-                    .map_or("-".into(), |t| format::relative(now, t)),
+                    .map_or("-".into(), |t| relative(now, t)),
                 match status.next_schedule_time {
                     Some(_) if c.spec.suspend => "-".into(),
-                    Some(t) => format::relative(now, t),
+                    Some(t) => relative(now, t),
                     None => "-".into(),
                 },
                 match invalid {
                     Some(k) => format!("InvalidSpec: {}", k.message),
-                    None if c.spec.suspend => "Suspended".into(),
+                    None if c.spec.suspend => conditions::SUSPENDED.into(),
                     None => "Scheduled".into(),
                 },
             ]
@@ -131,11 +131,11 @@ pub enum ManualChild {
 }
 
 /// The child a manual trigger at `now` creates, or a usage error naming what is missing.
-pub fn manual_child(cron: &AxCron, now: Timestamp) -> Result<ManualChild, CliError> {
+pub fn manual_child(cron: &AxCron, now: Timestamp) -> Result<ManualChild, ClientError> {
     let name = cron.name_any();
     let uid = cron
         .uid()
-        .ok_or_else(|| CliError::Usage(format!("axcron/{name} has no uid yet")))?;
+        .ok_or_else(|| ClientError::Usage(format!("axcron/{name} has no uid yet")))?;
     let metadata = ObjectMeta {
         name: Some(format!("{name}-manual-{}", now.as_second())),
         namespace: cron.namespace(),
@@ -165,15 +165,15 @@ pub fn manual_child(cron: &AxCron, now: Timestamp) -> Result<ManualChild, CliErr
             spec: spec.clone(),
             status: None,
         })),
-        _ => Err(CliError::Usage(format!(
+        _ => Err(ClientError::Usage(format!(
             "axcron/{name} must name exactly one of spec.task and spec.dag; nothing to create"
         ))),
     }
 }
 
-async fn trigger(ctx: &Ctx, name: &str) -> Result<(), CliError> {
+async fn trigger(ctx: &Ctx, name: &str) -> Result<(), ClientError> {
     let cron = get(ctx, name).await?;
-    super::operator::check(ctx).await?;
+    operator::check(ctx).await?;
     let params = PostParams {
         field_manager: Some("kubectl-ax".into()),
         ..PostParams::default()
@@ -203,7 +203,7 @@ async fn trigger(ctx: &Ctx, name: &str) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn set_suspend(ctx: &Ctx, name: &str, suspend: bool) -> Result<(), CliError> {
+async fn set_suspend(ctx: &Ctx, name: &str, suspend: bool) -> Result<(), ClientError> {
     let op = Op::new("patch", Resource::Cron)
         .namespace(Some(&ctx.namespace))
         .name(name);

@@ -1,67 +1,25 @@
 //! `kubectl ax dag [DAG]`: a DAG drawn as levels (a task's level is the longest chain of
 //! dependencies before it), each task with its phase, its child AxTask and what it depends on;
-//! without a name, the DAGs of the namespace. `levels` and `render` are pure; `run` reads
-//! (client required).
+//! without a name, the DAGs of the namespace. `render` is pure (levels from `client::dag`); `run`
+//! reads (client required).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::io::Write;
 
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::ListParams;
 
-use crate::api::{AxDag, DagNodePhase, DagTask};
+use crate::api::AxDag;
+use crate::client::ctx::Ctx;
+use crate::client::dag::{levels, node_phase_name};
+use crate::client::error::{ClientError, Op, Resource, from_kube};
+use crate::client::format::age;
+use crate::core::conditions;
 
 use super::args::{DagArgs, OutputFormat};
-use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format::{self, age};
+use super::format;
 use super::list::{list_document, object_name, to_json, to_yaml};
-
-/// Each task's level: 0 without dependencies, else one more than its deepest dependency. Tasks
-/// on or behind a cycle have none. Unknown dependencies are ignored (the operator reports them).
-pub fn levels(tasks: &[DagTask]) -> BTreeMap<String, Option<usize>> {
-    let names: HashSet<&str> = tasks.iter().map(|t| t.name.as_str()).collect();
-    let mut deps: HashMap<&str, Vec<&str>> = HashMap::new();
-    for t in tasks {
-        // The first of duplicate names counts, as everywhere else here.
-        deps.entry(t.name.as_str()).or_insert_with(|| {
-            t.depends_on
-                .iter()
-                .map(String::as_str)
-                .filter(|d| names.contains(d))
-                .collect()
-        });
-    }
-    let mut level: HashMap<&str, usize> = HashMap::new();
-    // Relax until nothing changes; a task gets a level once all its dependencies have one.
-    loop {
-        let mut changed = false;
-        for (name, ds) in &deps {
-            if level.contains_key(name) {
-                continue;
-            }
-            if ds.iter().all(|d| level.contains_key(d)) {
-                let l = ds.iter().map(|d| level[d] + 1).max().unwrap_or(0);
-                level.insert(name, l);
-                changed = true;
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    deps.keys()
-        .map(|name| (name.to_string(), level.get(name).copied()))
-        .collect()
-}
-
-pub fn node_phase_name(phase: DagNodePhase) -> String {
-    serde_json::to_value(phase)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
 
 /// The DAG's header line, conditions that are true, and the table of its tasks by level.
 pub fn render(dag: &AxDag) -> String {
@@ -87,7 +45,7 @@ pub fn render(dag: &AxDag) -> String {
     for c in status
         .conditions
         .iter()
-        .filter(|c| c.status == "True" && c.type_ != "Ready")
+        .filter(|c| c.status == "True" && c.type_ != conditions::READY)
     {
         out.push_str(&format!("{}: {}: {}\n", c.type_, c.reason, c.message));
     }
@@ -125,7 +83,7 @@ pub fn render(dag: &AxDag) -> String {
     out
 }
 
-pub async fn run(ctx: &Ctx, args: &DagArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &DagArgs) -> Result<(), ClientError> {
     let mut out = std::io::stdout().lock();
     let Some(name) = &args.dag else {
         let namespace = ctx.list_namespace();
@@ -200,57 +158,6 @@ pub async fn run(ctx: &Ctx, args: &DagArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    fn tasks(edges: &[(&str, &[&str])]) -> Vec<DagTask> {
-        edges
-            .iter()
-            .map(|(name, deps)| {
-                serde_json::from_value(serde_json::json!({
-                    "name": name, "dependsOn": deps,
-                    "spec": {"type": "x", "template": {}},
-                }))
-                .unwrap()
-            })
-            .collect()
-    }
-
-    #[test]
-    fn levels_are_the_longest_chain_of_dependencies() {
-        let l = levels(&tasks(&[
-            ("a", &[]),
-            ("b", &["a"]),
-            ("c", &["a"]),
-            ("d", &["b", "c"]),
-            ("e", &["a", "d"]),
-            ("x", &["nope"]),
-        ]));
-        let want: BTreeMap<String, Option<usize>> = [
-            ("a", Some(0)),
-            ("b", Some(1)),
-            ("c", Some(1)),
-            ("d", Some(2)),
-            ("e", Some(3)),
-            ("x", Some(0)),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        assert_eq!(l, want);
-    }
-
-    #[test]
-    fn tasks_on_or_behind_a_cycle_have_no_level() {
-        let l = levels(&tasks(&[
-            ("a", &["b"]),
-            ("b", &["a"]),
-            ("c", &["a"]),
-            ("d", &[]),
-        ]));
-        assert_eq!(l["a"], None);
-        assert_eq!(l["c"], None);
-        assert_eq!(l["d"], Some(0));
-    }
 
     #[test]
     fn the_drawing_lists_tasks_by_level_with_phase_and_child() {
@@ -288,32 +195,5 @@ mod tests {
             lines[5].contains("Skipped") && lines[5].contains("b, c"),
             "{text}"
         );
-    }
-
-    proptest! {
-        /// In a random acyclic graph every task has a level above each of its dependencies'.
-        #[test]
-        fn levels_respect_every_edge(edges in proptest::collection::vec(proptest::collection::vec(any::<prop::sample::Index>(), 0..4), 1..15)) {
-            let names: Vec<String> = (0..edges.len()).map(|i| format!("t{i}")).collect();
-            // Only edges to earlier tasks: acyclic by construction.
-            let ts: Vec<DagTask> = edges.iter().enumerate().map(|(i, deps)| {
-                let deps: Vec<String> = if i == 0 { vec![] } else {
-                    deps.iter().map(|d| names[d.index(i)].clone()).collect()
-                };
-                serde_json::from_value(serde_json::json!({
-                    "name": names[i], "dependsOn": deps, "spec": {"type": "x", "template": {}},
-                })).unwrap()
-            }).collect();
-            let l = levels(&ts);
-            for t in &ts {
-                let mine = l[&t.name].expect("acyclic: every task has a level");
-                for d in &t.depends_on {
-                    prop_assert!(mine > l[d].unwrap());
-                }
-                if t.depends_on.is_empty() {
-                    prop_assert_eq!(mine, 0);
-                }
-            }
-        }
     }
 }

@@ -12,11 +12,12 @@ use kube::runtime::watcher;
 use serde::Serialize;
 
 use crate::api::AxTask;
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, watch_error};
+use crate::client::format::{age, relative};
 
 use super::args::{ListArgs, OutputFormat};
-use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format::{self, age, relative};
+use super::format;
 use super::target::{TaskFilter, parse_phases};
 
 pub fn headers(wide: bool, all_namespaces: bool) -> Vec<&'static str> {
@@ -103,17 +104,17 @@ pub fn list_document<T: Serialize>(items: &[T]) -> serde_json::Value {
     })
 }
 
-pub fn to_json<T: Serialize>(value: &T) -> Result<String, CliError> {
+pub fn to_json<T: Serialize>(value: &T) -> Result<String, ClientError> {
     serde_json::to_string_pretty(value)
         .map(|s| s + "\n")
-        .map_err(|e| CliError::Io(e.to_string()))
+        .map_err(|e| ClientError::Io(e.to_string()))
 }
 
-pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, CliError> {
-    serde_yaml::to_string(value).map_err(|e| CliError::Io(e.to_string()))
+pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, ClientError> {
+    serde_yaml::to_string(value).map_err(|e| ClientError::Io(e.to_string()))
 }
 
-fn filter_of(args: &ListArgs) -> Result<TaskFilter, CliError> {
+fn filter_of(args: &ListArgs) -> Result<TaskFilter, ClientError> {
     Ok(TaskFilter {
         phases: parse_phases(&args.filter.phase)?,
         task_type: args.filter.task_type.clone(),
@@ -121,7 +122,7 @@ fn filter_of(args: &ListArgs) -> Result<TaskFilter, CliError> {
     })
 }
 
-pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), ClientError> {
     let filter = filter_of(args)?;
     let all = ctx.global.all_namespaces;
     let wide = args.output == Some(OutputFormat::Wide);
@@ -171,7 +172,7 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), CliError> {
 }
 
 /// The list, then one line (or document) per change, from an API watch: no polling.
-async fn watch(ctx: &Ctx, args: &ListArgs, filter: &TaskFilter) -> Result<(), CliError> {
+async fn watch(ctx: &Ctx, args: &ListArgs, filter: &TaskFilter) -> Result<(), ClientError> {
     let namespace = ctx.list_namespace();
     let op = Op::new("watch", Resource::Task).namespace(namespace);
     let all = ctx.global.all_namespaces;
@@ -255,17 +256,6 @@ async fn watch(ctx: &Ctx, args: &ListArgs, filter: &TaskFilter) -> Result<(), Cl
             }
         }
         out.flush()?;
-    }
-}
-
-/// A watch failure; the first one usually says why nothing can be watched (403, missing CRDs).
-pub fn watch_error(op: &Op, error: watcher::Error) -> CliError {
-    match error {
-        watcher::Error::InitialListFailed(e)
-        | watcher::Error::WatchStartFailed(e)
-        | watcher::Error::WatchFailed(e) => from_kube(op, e),
-        watcher::Error::WatchError(status) => from_kube(op, kube::Error::Api(status)),
-        other => CliError::Unreachable(other.to_string()),
     }
 }
 

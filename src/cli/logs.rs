@@ -10,12 +10,12 @@ use kube::api::{ListParams, LogParams};
 use kube::{Api, ResourceExt};
 
 use crate::api::AxTask;
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, from_kube};
+use crate::client::task::main_container;
 use crate::core::worker::{LABEL_ATTEMPT, LABEL_TASK, label_value, pod_name};
 
 use super::args::LogsArgs;
-use super::ctx::Ctx;
-use super::describe::main_container;
-use super::error::{CliError, Op, Resource, from_kube};
 
 /// The attempt whose logs to show: `--attempt N`, the one before the current with `--previous`,
 /// else the current one.
@@ -23,11 +23,11 @@ pub fn attempt_wanted(
     task: &AxTask,
     attempt: Option<i32>,
     previous: bool,
-) -> Result<i32, CliError> {
+) -> Result<i32, ClientError> {
     let current = task.status.as_ref().map(|s| s.attempt).unwrap_or(0);
     let name = task.name_any();
     if current == 0 {
-        return Err(CliError::NotMet(format!(
+        return Err(ClientError::NotMet(format!(
             "axtask/{name} has not started an attempt yet: no worker pod, no logs (kubectl ax describe {name} says why it waits)"
         )));
     }
@@ -37,7 +37,7 @@ pub fn attempt_wanted(
         (None, false) => current,
     };
     if wanted < 1 || wanted > current {
-        return Err(CliError::Usage(format!(
+        return Err(ClientError::Usage(format!(
             "axtask/{name} has attempts 1 to {current}; there is no attempt {wanted}"
         )));
     }
@@ -64,7 +64,7 @@ pub fn pod_candidates(task: &AxTask, attempt: i32) -> Vec<String> {
     names
 }
 
-async fn find_pod(ctx: &Ctx, task: &AxTask, attempt: i32) -> Result<Pod, CliError> {
+async fn find_pod(ctx: &Ctx, task: &AxTask, attempt: i32) -> Result<Pod, ClientError> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let labels = format!(
         "{LABEL_TASK}={},{LABEL_ATTEMPT}={attempt}",
@@ -87,14 +87,14 @@ async fn find_pod(ctx: &Ctx, task: &AxTask, attempt: i32) -> Result<Pod, CliErro
             return Ok(pod);
         }
     }
-    Err(CliError::NotMet(format!(
+    Err(ClientError::NotMet(format!(
         "the pod of attempt {attempt} of axtask/{} ({}) is gone, and its logs with it",
         task.name_any(),
         candidates.first().cloned().unwrap_or_default()
     )))
 }
 
-pub async fn run(ctx: &Ctx, args: &LogsArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &LogsArgs) -> Result<(), ClientError> {
     let task = ctx.get_task(&args.task).await?;
     let attempt = attempt_wanted(&task, args.attempt, args.previous)?;
     let pod = find_pod(ctx, &task, attempt).await?;
@@ -119,7 +119,7 @@ pub async fn run(ctx: &Ctx, args: &LogsArgs) -> Result<(), CliError> {
         let n = stream
             .read(&mut buffer)
             .await
-            .map_err(|e| CliError::Unreachable(format!("reading logs: {e}")))?;
+            .map_err(|e| ClientError::Unreachable(format!("reading logs: {e}")))?;
         if n == 0 {
             break;
         }

@@ -7,34 +7,35 @@
 
 pub mod args;
 pub mod cron;
-pub mod ctx;
 pub mod dag;
 pub mod describe;
-pub mod error;
 pub mod format;
 pub mod list;
 pub mod logs;
-pub mod operator;
 pub mod rerun;
 pub mod submit;
 pub mod target;
 pub mod top;
 pub mod wait;
 
+// tests/ name the Lease check here; issue 26: to be removed once they name `ax::client::operator`.
+pub use crate::client::operator;
+
 use std::io::Write;
 
 use clap::CommandFactory;
 
+use crate::client::ctx::Ctx;
+use crate::client::error::{self, ClientError};
+
 use args::{Cli, Command, Shell};
-use ctx::Ctx;
-use error::CliError;
 
 /// Runs one command line; the exit code to end the process with.
 pub async fn main(cli: Cli) -> i32 {
     match run(cli).await {
         Ok(()) => 0,
         // `kubectl ax list | head`: a closed pipe is the reader's choice, not an error.
-        Err(CliError::Io(e)) if e.contains("Broken pipe") => 0,
+        Err(ClientError::Io(e)) if e.contains("Broken pipe") => 0,
         Err(e) => {
             eprintln!("error: {e}");
             1
@@ -42,7 +43,7 @@ pub async fn main(cli: Cli) -> i32 {
     }
 }
 
-pub async fn run(cli: Cli) -> Result<(), CliError> {
+pub async fn run(cli: Cli) -> Result<(), ClientError> {
     match &cli.command {
         Command::Completion(args) => return completion(args.shell),
         Command::Version(args) if args.client => {
@@ -69,7 +70,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-fn completion(shell: Shell) -> Result<(), CliError> {
+fn completion(shell: Shell) -> Result<(), ClientError> {
     let shell = match shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,
@@ -82,14 +83,14 @@ fn completion(shell: Shell) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn version(ctx: &Ctx) -> Result<(), CliError> {
+async fn version(ctx: &Ctx) -> Result<(), ClientError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "kubectl-ax {}", env!("CARGO_PKG_VERSION"))?;
     let server = ctx
         .client
         .apiserver_version()
         .await
-        .map_err(|e| CliError::Unreachable(error::error_chain(&e)))?;
+        .map_err(|e| ClientError::Unreachable(error::error_chain(&e)))?;
     writeln!(out, "server     {}", server.git_version)?;
     let operator = match operator::state(ctx).await {
         Ok(state) => state.describe(),

@@ -1,288 +1,43 @@
-//! `kubectl ax submit`: an AxTask from flags, or from a manifest with flags overriding its fields.
-//! `build_task` is pure (flags + manifest in, the AxTask out, every flag checked); `run` creates
-//! it and prints its name (client required).
+//! `kubectl ax submit`: an AxTask from flags, or from a manifest with flags overriding its fields
+//! (built by `client::submit`, as the console's form is); `run` reads the manifest and payload
+//! files, creates the task and prints its name (client required).
 
 use std::io::{Read, Write};
 
-use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::PostParams;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::api::{AxTask, Priority};
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, from_kube};
+use crate::client::operator;
+use crate::client::submit::{build_task, parse_payload};
 
 use super::args::SubmitArgs;
-use super::ctx::Ctx;
-use super::describe::MAIN_CONTAINER_ANNOTATION;
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format::parse_seconds;
 use super::list::to_yaml;
 
-fn usage(text: impl Into<String>) -> CliError {
-    CliError::Usage(text.into())
-}
-
-/// `KEY=VALUE` of a repeatable flag.
-fn key_value<'a>(flag: &str, text: &'a str) -> Result<(&'a str, &'a str), CliError> {
-    match text.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k, v)),
-        _ => Err(usage(format!("--{flag} {text:?}: expected KEY=VALUE"))),
-    }
-}
-
-/// The payload flag: a JSON object, or `@FILE` holding one (the file is read by the caller and
-/// passed as `file_text`).
-pub fn parse_payload(text: &str, file_text: Option<&str>) -> Result<Value, CliError> {
-    let (source, json_text) = match file_text {
-        Some(t) => (text.to_string(), t),
-        None => ("--payload".to_string(), text),
-    };
-    let value: Value =
-        serde_json::from_str(json_text).map_err(|e| usage(format!("{source}: not JSON: {e}")))?;
-    if !value.is_object() {
-        return Err(usage(format!(
-            "{source}: the payload must be a JSON object"
-        )));
-    }
-    Ok(value)
-}
-
-/// The AxTask to create. `base` is the manifest of `-f` (None: built from flags alone);
-/// `payload` the parsed `--payload`.
-pub fn build_task(
-    args: &SubmitArgs,
-    base: Option<Value>,
-    payload: Option<Value>,
-    namespace: &str,
-) -> Result<AxTask, CliError> {
-    let what = if base.is_some() {
-        "the manifest"
-    } else {
-        "the task"
-    };
-    let task = build_task_value(args, base, payload, namespace)?;
-    serde_json::from_value(task).map_err(|e| usage(format!("{what} is not a valid AxTask: {e}")))
-}
-
-/// `build_task` before it is read as an AxTask: what the API server would be sent, so that its
-/// schema validation (a dry run) can judge fields this client would refuse to parse.
-pub fn build_task_value(
-    args: &SubmitArgs,
-    base: Option<Value>,
-    payload: Option<Value>,
-    namespace: &str,
-) -> Result<Value, CliError> {
-    let mut task = base.unwrap_or_else(|| {
-        json!({
-            "apiVersion": "ax.dev/v1alpha1",
-            "kind": "AxTask",
-            "metadata": {},
-            "spec": {"template": {"spec": {"containers": [{"name": "worker"}]}}},
-        })
-    });
-    if !task.is_object() {
-        return Err(usage("the manifest is not an object"));
-    }
-    if let Some(kind) = task.get("kind").and_then(Value::as_str)
-        && kind != "AxTask"
-    {
-        return Err(usage(format!(
-            "the manifest is a {kind}; submit creates AxTasks (kubectl apply -f for anything else)"
-        )));
-    }
-    task["apiVersion"] = "ax.dev/v1alpha1".into();
-    task["kind"] = "AxTask".into();
-    if !task["metadata"].is_object() {
-        task["metadata"] = json!({});
-    }
-    if !task["spec"].is_object() {
-        task["spec"] = json!({});
-    }
-    let meta = &mut task["metadata"];
-    meta["namespace"] = namespace.into();
-    if let Some(name) = &args.name {
-        meta["name"] = name.as_str().into();
-        if let Some(m) = meta.as_object_mut() {
-            m.remove("generateName");
-        }
-    }
-    for label in &args.labels {
-        let (k, v) = key_value("label", label)?;
-        if !meta["labels"].is_object() {
-            meta["labels"] = json!({});
-        }
-        meta["labels"][k] = v.into();
-    }
-    // Server-set fields of an exported manifest would make the create fail.
-    if let Some(m) = meta.as_object_mut() {
-        for f in [
-            "resourceVersion",
-            "uid",
-            "creationTimestamp",
-            "managedFields",
-            "generation",
-        ] {
-            m.remove(f);
-        }
-    }
-    if let Some(t) = task.as_object_mut() {
-        t.remove("status");
-    }
-
-    let spec = &mut task["spec"];
-    if let Some(t) = &args.task_type {
-        spec["type"] = t.as_str().into();
-    }
-    let Some(task_type) = spec["type"].as_str().map(str::to_owned) else {
-        return Err(usage(
-            "--type is required (the task type, e.g. --type report)",
-        ));
-    };
-    if let Some(p) = &args.priority {
-        let priority: Priority =
-            serde_json::from_value(Value::String(capitalized(p))).map_err(|_| {
-                usage(format!(
-                    "--priority {p:?}: one of Critical, High, Normal, Low"
-                ))
-            })?;
-        spec["priority"] = priority.as_str().into();
-    }
-    if let Some(q) = &args.queue {
-        spec["queue"] = q.as_str().into();
-    }
-    if let Some(p) = payload {
-        spec["payload"] = p;
-    }
-    if let Some(n) = args.max_retries {
-        if n < 0 {
-            return Err(usage(format!("--max-retries {n}: must be 0 or more")));
-        }
-        object_at(spec, "retry")["maxRetries"] = n.into();
-    }
-    if let Some(b) = &args.budget {
-        object_at(spec, "retry")["budgetSeconds"] = parse_seconds("budget", b)?.into();
-    }
-    if let Some(h) = &args.hard_timeout {
-        object_at(spec, "timeout")["hardSeconds"] = parse_seconds("hard-timeout", h)?.into();
-    }
-    if let Some(s) = &args.soft_timeout {
-        object_at(spec, "timeout")["softSeconds"] = parse_seconds("soft-timeout", s)?.into();
-    }
-    if let Some(t) = &args.ttl {
-        spec["ttlSecondsAfterFinished"] = parse_seconds("ttl", t)?.into();
-    }
-    if let Some(s) = &args.start_after {
-        let t: Timestamp = s
-            .parse()
-            .map_err(|e| usage(format!("--start-after {s:?}: not an RFC 3339 time: {e}")))?;
-        spec["startAfter"] = t.to_string().into();
-    }
-
-    let template = object_at(spec, "template");
-    let main_name = template["metadata"]["annotations"][MAIN_CONTAINER_ANNOTATION]
-        .as_str()
-        .map(str::to_owned);
-    let pod_spec = object_at(template, "spec");
-    if !pod_spec["containers"].is_array()
-        || pod_spec["containers"].as_array().is_some_and(Vec::is_empty)
-    {
-        pod_spec["containers"] = json!([{"name": "worker"}]);
-    }
-    let Some(container) = pod_spec["containers"]
-        .as_array_mut()
-        .and_then(|containers| {
-            let index = main_name
-                .and_then(|n| containers.iter().position(|c| c["name"] == n.as_str()))
-                .unwrap_or(0);
-            containers.get_mut(index).filter(|c| c.is_object())
-        })
-    else {
-        return Err(usage(
-            "the template's spec.containers holds something that is not a container object",
-        ));
-    };
-    if let Some(image) = &args.image {
-        container["image"] = image.as_str().into();
-    }
-    if container["image"].as_str().is_none_or(str::is_empty) {
-        return Err(usage("--image is required (the worker image)"));
-    }
-    if let Some(policy) = &args.image_pull_policy {
-        if !["Always", "IfNotPresent", "Never"].contains(&policy.as_str()) {
-            return Err(usage(format!(
-                "--image-pull-policy {policy:?}: one of Always, IfNotPresent, Never"
-            )));
-        }
-        container["imagePullPolicy"] = policy.as_str().into();
-    }
-    if let Some(command) = &args.command {
-        container["command"] = json!(["sh", "-c", command]);
-        if let Some(c) = container.as_object_mut() {
-            c.remove("args");
-        }
-    } else if !args.args.is_empty() {
-        container["command"] = json!(args.args);
-        if let Some(c) = container.as_object_mut() {
-            c.remove("args");
-        }
-    }
-    for e in &args.env {
-        let (k, v) = key_value("env", e)?;
-        if !container["env"].is_array() {
-            container["env"] = json!([]);
-        }
-        if let Some(env) = container["env"].as_array_mut() {
-            env.retain(|var| var["name"] != k);
-            env.push(json!({"name": k, "value": v}));
-        }
-    }
-
-    if task["metadata"]["name"].as_str().is_none()
-        && task["metadata"]["generateName"].as_str().is_none()
-    {
-        let prefix: String = task_type.chars().take(50).collect();
-        task["metadata"]["generateName"] = format!("{prefix}-").into();
-    }
-    Ok(task)
-}
-
-fn capitalized(text: &str) -> String {
-    let lower = text.to_ascii_lowercase();
-    let mut chars = lower.chars();
-    match chars.next() {
-        Some(first) => first.to_ascii_uppercase().to_string() + chars.as_str(),
-        None => String::new(),
-    }
-}
-
-/// `value[key]`, made an object first when it is not one.
-fn object_at<'a>(value: &'a mut Value, key: &str) -> &'a mut Value {
-    if !value[key].is_object() {
-        value[key] = json!({});
-    }
-    &mut value[key]
-}
-
-fn read_source(path: &std::path::Path) -> Result<String, CliError> {
+fn read_source(path: &std::path::Path) -> Result<String, ClientError> {
     if path.as_os_str() == "-" {
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text)?;
         return Ok(text);
     }
-    std::fs::read_to_string(path).map_err(|e| usage(format!("{}: {e}", path.display())))
+    std::fs::read_to_string(path)
+        .map_err(|e| ClientError::Usage(format!("{}: {e}", path.display())))
 }
 
-pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), ClientError> {
     let base = match &args.file {
         Some(path) => {
             let text = read_source(path)?;
-            let value: Value = serde_yaml::from_str(&text)
-                .map_err(|e| usage(format!("{}: not YAML or JSON: {e}", path.display())))?;
+            let value: Value = serde_yaml::from_str(&text).map_err(|e| {
+                ClientError::Usage(format!("{}: not YAML or JSON: {e}", path.display()))
+            })?;
             Some(value)
         }
         None => None,
     };
-    let payload = match &args.payload {
+    let payload = match &args.task.payload {
         Some(p) => match p.strip_prefix('@') {
             Some(file) => {
                 let text = read_source(std::path::Path::new(file))?;
@@ -302,14 +57,14 @@ pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), CliError> {
         (None, Some(ns)) => ns,
         (None, None) => ctx.namespace.clone(),
     };
-    let task = build_task(args, base, payload, &namespace)?;
+    let task = build_task(&args.task, base, payload, &namespace)?;
     if args.dry_run {
         std::io::stdout()
             .lock()
             .write_all(to_yaml(&task)?.as_bytes())?;
         return Ok(());
     }
-    super::operator::check(ctx).await?;
+    operator::check(ctx).await?;
     let op = Op::new("create", Resource::Task).namespace(Some(&namespace));
     let created = ctx
         .tasks(Some(&namespace))
@@ -318,181 +73,4 @@ pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), CliError> {
         .map_err(|e| from_kube(&op, e))?;
     writeln!(std::io::stdout().lock(), "{}", created.name_any())?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn flags() -> SubmitArgs {
-        SubmitArgs {
-            task_type: Some("report".into()),
-            image: Some("busybox".into()),
-            ..SubmitArgs::default()
-        }
-    }
-
-    #[test]
-    fn flags_alone_make_a_task_with_a_generated_name() {
-        let mut args = flags();
-        args.command = Some("echo hi".into());
-        args.priority = Some("high".into());
-        args.queue = Some("batch".into());
-        args.max_retries = Some(5);
-        args.hard_timeout = Some("10m".into());
-        args.env = vec!["A=1".into(), "B=x=y".into()];
-        args.labels = vec!["team=a".into()];
-        let payload = parse_payload(r#"{"day": "mon"}"#, None).unwrap();
-        let t = build_task(&args, None, Some(payload), "ns").unwrap();
-        assert_eq!(t.metadata.generate_name.as_deref(), Some("report-"));
-        assert_eq!(t.metadata.namespace.as_deref(), Some("ns"));
-        assert_eq!(t.metadata.labels.unwrap()["team"], "a");
-        assert_eq!(t.spec.priority, Priority::High);
-        assert_eq!(t.spec.queue, "batch");
-        assert_eq!(t.spec.retry.max_retries, 5);
-        assert_eq!(t.spec.timeout.hard_seconds, 600);
-        assert_eq!(t.spec.payload.unwrap()["day"], "mon");
-        let c = &t.spec.template.spec.as_ref().unwrap().containers[0];
-        assert_eq!(c.image.as_deref(), Some("busybox"));
-        assert_eq!(c.command.clone().unwrap(), ["sh", "-c", "echo hi"]);
-        let env: Vec<(String, Option<String>)> = c
-            .env
-            .clone()
-            .unwrap()
-            .into_iter()
-            .map(|e| (e.name, e.value))
-            .collect();
-        assert_eq!(
-            env,
-            [
-                ("A".into(), Some("1".into())),
-                ("B".into(), Some("x=y".into()))
-            ]
-        );
-    }
-
-    #[test]
-    fn a_manifest_whose_containers_are_not_objects_is_refused_not_a_panic() {
-        for containers in ["[5]", "[\"worker\"]", "[null, {name: b}]"] {
-            let manifest: Value = serde_yaml::from_str(&format!(
-                "kind: AxTask\nspec: {{type: t, template: {{spec: {{containers: {containers}}}}}}}"
-            ))
-            .unwrap();
-            let mut args = flags();
-            args.env = vec!["A=1".into()];
-            let error = build_task(&args, Some(manifest), None, "ns").unwrap_err();
-            assert!(
-                error.to_string().contains("not a container object"),
-                "{containers}: {error}"
-            );
-        }
-    }
-
-    #[test]
-    fn flags_override_the_manifest_and_keep_the_rest() {
-        let manifest: Value = serde_yaml::from_str(
-            r#"
-apiVersion: ax.dev/v1alpha1
-kind: AxTask
-metadata: {name: from-file, namespace: elsewhere, resourceVersion: "5"}
-spec:
-  type: hello
-  retry: {maxRetries: 1, backoff: {baseSeconds: 7}}
-  template:
-    metadata: {annotations: {ax.dev/main-container: main}}
-    spec:
-      containers:
-        - {name: sidecar, image: proxy}
-        - {name: main, image: old, env: [{name: A, value: old}]}
-status: {phase: Dead}
-"#,
-        )
-        .unwrap();
-        let args = SubmitArgs {
-            name: Some("renamed".into()),
-            image: Some("new".into()),
-            max_retries: Some(4),
-            env: vec!["A=new".into()],
-            args: vec!["/bin/work".into(), "--fast".into()],
-            ..SubmitArgs::default()
-        };
-        let t = build_task(&args, Some(manifest), None, "ns").unwrap();
-        assert_eq!(t.metadata.name.as_deref(), Some("renamed"));
-        assert_eq!(t.metadata.resource_version, None);
-        assert!(t.status.is_none());
-        assert_eq!(t.spec.task_type, "hello");
-        assert_eq!(t.spec.retry.max_retries, 4);
-        assert_eq!(t.spec.retry.backoff.base_seconds, 7, "the rest is kept");
-        let containers = t.spec.template.spec.clone().unwrap().containers;
-        assert_eq!(containers[0].image.as_deref(), Some("proxy"));
-        assert_eq!(containers[1].image.as_deref(), Some("new"));
-        assert_eq!(
-            containers[1].command.clone().unwrap(),
-            ["/bin/work", "--fast"]
-        );
-        assert_eq!(containers[1].env.clone().unwrap().len(), 1);
-    }
-
-    #[test]
-    fn bad_flags_are_clear_errors() {
-        let cases: Vec<(SubmitArgs, &str)> = vec![
-            (
-                SubmitArgs {
-                    image: Some("x".into()),
-                    ..SubmitArgs::default()
-                },
-                "--type is required",
-            ),
-            (
-                SubmitArgs {
-                    task_type: Some("x".into()),
-                    ..SubmitArgs::default()
-                },
-                "--image is required",
-            ),
-            (
-                SubmitArgs {
-                    priority: Some("urgent".into()),
-                    ..flags()
-                },
-                "--priority",
-            ),
-            (
-                SubmitArgs {
-                    hard_timeout: Some("soon".into()),
-                    ..flags()
-                },
-                "--hard-timeout",
-            ),
-            (
-                SubmitArgs {
-                    env: vec!["NOVALUE".into()],
-                    ..flags()
-                },
-                "KEY=VALUE",
-            ),
-            (
-                SubmitArgs {
-                    start_after: Some("tomorrow".into()),
-                    ..flags()
-                },
-                "RFC 3339",
-            ),
-        ];
-        for (args, want) in cases {
-            let e = build_task(&args, None, None, "ns").unwrap_err().to_string();
-            assert!(e.contains(want), "{e} should mention {want}");
-        }
-        assert!(parse_payload("[1]", None).is_err());
-        assert!(parse_payload("{", None).is_err());
-        let e = build_task(
-            &flags(),
-            Some(json!({"kind": "AxDag", "spec": {}})),
-            None,
-            "ns",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("AxDag"), "{e}");
-    }
 }

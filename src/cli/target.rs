@@ -2,8 +2,8 @@
 //! and the `--phase/--type/--queue` filters applied to tasks read from the API server.
 
 use crate::api::{AxTask, TaskPhase};
-
-use super::error::CliError;
+use crate::client::error::ClientError;
+use crate::client::task::{ALL_PHASES, effective_phase};
 
 /// A kind of object a target names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +32,7 @@ impl Target {
 /// `NAME` (a task), or `KIND/NAME` where KIND is any spelling kubectl accepts for AxTask or AxDag
 /// (`axtask`, `axtasks`, `axt`, `task`, `axtask.ax.dev`; `axdag`, `axd`, `dag`, ...), so the
 /// output of `list -o name` can be fed back in.
-pub fn parse_target(text: &str) -> Result<Target, CliError> {
+pub fn parse_target(text: &str) -> Result<Target, ClientError> {
     let (kind, name) = match text.split_once('/') {
         None => (Kind::Task, text),
         Some((kind, name)) => {
@@ -43,7 +43,7 @@ pub fn parse_target(text: &str) -> Result<Target, CliError> {
                     Kind::Dag
                 }
                 other => {
-                    return Err(CliError::Usage(format!(
+                    return Err(ClientError::Usage(format!(
                         "{text:?}: unknown kind {other:?} (use NAME for a task, or dag/NAME)"
                     )));
                 }
@@ -52,7 +52,7 @@ pub fn parse_target(text: &str) -> Result<Target, CliError> {
         }
     };
     if name.is_empty() || name.contains('/') {
-        return Err(CliError::Usage(format!(
+        return Err(ClientError::Usage(format!(
             "{text:?}: not a name (use NAME for a task, or dag/NAME)"
         )));
     }
@@ -62,50 +62,31 @@ pub fn parse_target(text: &str) -> Result<Target, CliError> {
     })
 }
 
-pub fn parse_targets(texts: &[String]) -> Result<Vec<Target>, CliError> {
+pub fn parse_targets(texts: &[String]) -> Result<Vec<Target>, ClientError> {
     texts.iter().map(|t| parse_target(t)).collect()
 }
 
 /// A phase name, case-insensitive.
-pub fn parse_phase(text: &str) -> Result<TaskPhase, CliError> {
+pub fn parse_phase(text: &str) -> Result<TaskPhase, ClientError> {
     ALL_PHASES
         .iter()
         .copied()
         .find(|p| p.as_str().eq_ignore_ascii_case(text.trim()))
         .ok_or_else(|| {
             let names: Vec<&str> = ALL_PHASES.iter().map(|p| p.as_str()).collect();
-            CliError::Usage(format!(
+            ClientError::Usage(format!(
                 "--phase {text:?}: not a phase (one of {})",
                 names.join(", ")
             ))
         })
 }
 
-pub const ALL_PHASES: [TaskPhase; 8] = [
-    TaskPhase::Pending,
-    TaskPhase::Scheduled,
-    TaskPhase::Running,
-    TaskPhase::Succeeded,
-    TaskPhase::Failed,
-    TaskPhase::TimedOut,
-    TaskPhase::Dead,
-    TaskPhase::Canceled,
-];
-
-pub fn parse_phases(texts: &[String]) -> Result<Vec<TaskPhase>, CliError> {
+pub fn parse_phases(texts: &[String]) -> Result<Vec<TaskPhase>, ClientError> {
     texts
         .iter()
         .filter(|t| !t.trim().is_empty())
         .map(|t| parse_phase(t))
         .collect()
-}
-
-/// The phase a task shows; a task the operator has not seen yet counts as Pending.
-pub fn effective_phase(task: &AxTask) -> TaskPhase {
-    task.status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .unwrap_or(TaskPhase::Pending)
 }
 
 /// Client-side filters: CRDs in Kubernetes 1.20 support no field selectors beyond the name.

@@ -13,12 +13,13 @@ use kube::api::ListParams;
 use kube::runtime::watcher;
 
 use crate::api::AxQueue;
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, from_kube, watch_error};
+use crate::client::format::time;
+use crate::core::conditions;
 
 use super::args::TopArgs;
-use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource, from_kube};
-use super::format::{self, time};
-use super::list::watch_error;
+use super::format;
 
 pub const HEADERS: [&str; 10] = [
     "QUEUE",
@@ -36,12 +37,9 @@ pub const HEADERS: [&str; 10] = [
 /// One queue under `HEADERS`; RUNNING is `running/concurrency`, an invalid spec is flagged.
 pub fn queue_row(queue: &AxQueue) -> Vec<String> {
     let status = queue.status.clone().unwrap_or_default();
-    let invalid = status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "InvalidSpec" && c.status == "True");
+    let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true).is_some();
     let name = if invalid {
-        format!("{} (InvalidSpec)", queue.name_any())
+        format!("{} ({})", queue.name_any(), conditions::INVALID_SPEC)
     } else {
         queue.name_any()
     };
@@ -68,7 +66,7 @@ fn wanted(args: &TopArgs, queue: &AxQueue) -> bool {
     args.queues.is_empty() || args.queues.contains(&queue.name_any())
 }
 
-pub async fn run(ctx: &Ctx, args: &TopArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &TopArgs) -> Result<(), ClientError> {
     let op = Op::new("list", Resource::Queue);
     if !args.watch {
         let mut queues: Vec<AxQueue> = ctx
@@ -85,7 +83,7 @@ pub async fn run(ctx: &Ctx, args: &TopArgs) -> Result<(), CliError> {
             .iter()
             .find(|name| !queues.iter().any(|q| q.name_any() == **name))
         {
-            return Err(CliError::NotFound {
+            return Err(ClientError::NotFound {
                 resource: Resource::Queue,
                 name: missing.clone(),
                 namespace: None,

@@ -12,13 +12,12 @@ use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 
 use crate::api::{AxDag, AxTask, DagPhase, TaskPhase};
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, watch_error};
+use crate::client::format::{human, parse_duration};
+use crate::client::operator;
 
 use super::args::{WaitArgs, WaitFor};
-use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource};
-use super::format::{human, parse_duration};
-use super::list::watch_error;
-use super::operator;
 use super::target::{Kind, Target, parse_targets};
 
 /// Where one target stands with respect to the condition.
@@ -88,7 +87,7 @@ async fn follow<K>(
     op: Op,
     name: String,
     decide: impl Fn(&K) -> WaitState,
-) -> Result<WaitState, CliError>
+) -> Result<WaitState, ClientError>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -112,7 +111,7 @@ where
             }
         };
         match event {
-            None => return Err(CliError::Unreachable("the watch ended".into())),
+            None => return Err(ClientError::Unreachable("the watch ended".into())),
             Some(watcher::Event::Init) => {}
             Some(watcher::Event::InitDone) => listed = true,
             Some(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
@@ -128,7 +127,7 @@ where
     }
 }
 
-pub async fn run(ctx: &Ctx, args: &WaitArgs) -> Result<(), CliError> {
+pub async fn run(ctx: &Ctx, args: &WaitArgs) -> Result<(), ClientError> {
     let targets = parse_targets(&args.targets)?;
     let timeout = parse_duration("timeout", &args.timeout)?;
     let condition = args.condition;
@@ -192,7 +191,7 @@ pub async fn run(ctx: &Ctx, args: &WaitArgs) -> Result<(), CliError> {
         match result? {
             WaitState::Met(phase) => writeln!(out, "{} {phase}", target.display())?,
             WaitState::Failed(why) => {
-                failures.push(CliError::NotMet(format!("{} {why}", target.display())))
+                failures.push(ClientError::NotMet(format!("{} {why}", target.display())))
             }
             WaitState::Waiting(_) => unreachable!("follow returns decided states only"),
         }
@@ -206,7 +205,7 @@ pub async fn run(ctx: &Ctx, args: &WaitArgs) -> Result<(), CliError> {
             for f in &failures {
                 eprintln!("error: {f}");
             }
-            Err(CliError::Partial { failed, total })
+            Err(ClientError::Partial { failed, total })
         }
     }
 }
@@ -217,7 +216,7 @@ async fn timed_out(
     targets: &[Target],
     condition: WaitFor,
     timeout: Duration,
-) -> CliError {
+) -> ClientError {
     let mut waiting = Vec::new();
     for target in targets {
         let state = match target.kind {
@@ -242,7 +241,7 @@ async fn timed_out(
         WaitFor::Terminal => "to finish",
         WaitFor::Succeeded => "to succeed",
     };
-    CliError::NotMet(format!(
+    ClientError::NotMet(format!(
         "timed out after {} waiting {for_what}: {}",
         human(jiff::SignedDuration::try_from(timeout).unwrap_or_default()),
         waiting.join("; ")

@@ -6,10 +6,10 @@
 use kube::Api;
 
 use crate::api::AxTask;
-use crate::cli::ctx::Ctx;
-use crate::cli::error::{CliError, Op, Resource, from_kube};
-use crate::cli::operator;
-use crate::cli::rerun::{
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, from_kube};
+use crate::client::operator;
+use crate::client::rerun::{
     CancelDecision, RetryDecision, cancel_decision_task, cancel_task, patch_params, rerun,
     retry_decision_task,
 };
@@ -31,9 +31,9 @@ pub fn parse_target(text: &str) -> Option<(String, String)> {
 }
 
 /// An error as the person who clicked should read it.
-pub fn error_notice(label: &str, e: &CliError) -> Notice {
+pub fn error_notice(label: &str, e: &ClientError) -> Notice {
     let text = match e {
-        CliError::Forbidden { .. } => format!("{label}: not allowed — {e}"),
+        ClientError::Forbidden { .. } => format!("{label}: not allowed — {e}"),
         _ => format!("{label}: {e}"),
     };
     Notice { ok: false, text }
@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn a_denial_says_not_allowed_and_who() {
-        let e = CliError::Forbidden {
+        let e = ClientError::Forbidden {
             op: Op::new("patch", Resource::Task).namespace(Some("n")),
             user: Some("viewer".into()),
         };

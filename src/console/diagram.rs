@@ -282,7 +282,7 @@ mod tests {
             .map(|(f, t)| format!("{}-{}", state_name(*f), t.as_str()))
             .collect();
         assert_eq!(drawn, legal);
-        for phase in crate::cli::target::ALL_PHASES {
+        for phase in crate::client::task::ALL_PHASES {
             assert!(
                 svg.contains(&format!("data-state=\"{phase}\"")),
                 "{phase} drawn"

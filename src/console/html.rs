@@ -5,7 +5,7 @@
 use jiff::Timestamp;
 use maud::{DOCTYPE, Markup, html};
 
-use crate::cli::format::{age, relative, time};
+use crate::client::format::{age, relative, time};
 
 pub const CSS: &str = include_str!("assets/console.css");
 pub const JS: &str = include_str!("assets/console.js");

@@ -17,9 +17,26 @@ pub mod store;
 use std::io::Write;
 use std::net::SocketAddr;
 
-use crate::cli::args::UiArgs;
-use crate::cli::ctx::Ctx;
-use crate::cli::error::CliError;
+use clap::Args;
+
+use crate::client::ctx::Ctx;
+use crate::client::error::ClientError;
+
+// Where the console listens: the flags of `kubectl ax ui` (not a doc comment, which clap would
+// take as the about text of `ui`).
+#[derive(Args, Debug, Clone)]
+pub struct UiArgs {
+    /// Port to listen on (0: any free port; the URL printed says which).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Address to listen on. Without it only this machine can connect (127.0.0.1); anyone who
+    /// can reach another address and has the URL acts with your credentials.
+    #[arg(long)]
+    pub address: Option<std::net::IpAddr>,
+    /// Open the console in a browser ($BROWSER, else xdg-open).
+    #[arg(long)]
+    pub open: bool,
+}
 
 /// The address to print for a listener bound to `bound`: a wildcard address is reached on
 /// loopback from this machine.
@@ -32,11 +49,11 @@ pub fn url_host(bound: SocketAddr) -> String {
 }
 
 /// Serves the console until Ctrl-C. The first line on stdout is its URL, token included.
-pub async fn run(ctx: Ctx, args: &UiArgs) -> Result<(), CliError> {
+pub async fn run(ctx: Ctx, args: &UiArgs) -> Result<(), ClientError> {
     let address = SocketAddr::new(security::bind_address(args.address), args.port);
     let listener = tokio::net::TcpListener::bind(address)
         .await
-        .map_err(|e| CliError::Usage(format!("cannot listen on {address}: {e}")))?;
+        .map_err(|e| ClientError::Usage(format!("cannot listen on {address}: {e}")))?;
     let bound = listener.local_addr()?;
     let token = security::token_from(rand::random());
     let scope = ctx.list_namespace().map(str::to_owned);
@@ -66,7 +83,7 @@ pub async fn run(ctx: Ctx, args: &UiArgs) -> Result<(), CliError> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
-        .map_err(|e| CliError::Io(e.to_string()))
+        .map_err(|e| ClientError::Io(e.to_string()))
 }
 
 /// `$BROWSER URL`, else `xdg-open URL`; a failure is a warning (the URL is printed anyway).

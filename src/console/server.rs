@@ -22,10 +22,11 @@ use kube::{Api, ResourceExt};
 use maud::{Markup, html};
 
 use crate::api::{AxDag, AxQueue, AxTask};
-use crate::cli::ctx::Ctx;
-use crate::cli::describe::{main_container, pod_info};
-use crate::cli::error::{CliError, Op, Resource, from_kube};
-use crate::cli::rerun::FIELD_MANAGER;
+use crate::client::ctx::Ctx;
+use crate::client::error::{ClientError, Op, Resource, from_kube};
+use crate::client::operator;
+use crate::client::rerun::FIELD_MANAGER;
+use crate::client::task::{main_container, pod_info};
 use crate::core::worker::{LABEL_TASK, label_value, pod_name};
 
 use super::actions::{self, Action};
@@ -679,7 +680,7 @@ async fn submit_page(State(app): State<Arc<App>>, RawQuery(q): RawQuery) -> Resp
 }
 
 /// The API server's verdict on a refused create, field by field where it says which.
-fn api_errors(e: CliError, kube_error: Option<&kube::Error>) -> Vec<FieldError> {
+fn api_errors(e: ClientError, kube_error: Option<&kube::Error>) -> Vec<FieldError> {
     if let Some(kube::Error::Api(status)) = kube_error
         && status.code == 422
     {
@@ -698,7 +699,7 @@ fn api_errors(e: CliError, kube_error: Option<&kube::Error>) -> Vec<FieldError> 
         return vec![FieldError::general(status.message.clone())];
     }
     let text = match &e {
-        CliError::Forbidden { .. } => format!("not allowed — {e}"),
+        ClientError::Forbidden { .. } => format!("not allowed — {e}"),
         _ => e.to_string(),
     };
     vec![FieldError::general(text)]
@@ -732,7 +733,7 @@ async fn submit_post(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Re
             );
         }
     };
-    if !dry && let Err(e) = crate::cli::operator::check(&app.ctx).await {
+    if !dry && let Err(e) = operator::check(&app.ctx).await {
         let outcome = Outcome::Errors(vec![FieldError::general(format!(
             "Nothing was created: {e}"
         ))]);
@@ -771,7 +772,7 @@ async fn submit_post(State(app): State<Arc<App>>, body: axum::body::Bytes) -> Re
         Err(e) => {
             let errors = match &e {
                 kube::Error::Api(status) if status.code == 422 => {
-                    api_errors(CliError::Usage(String::new()), Some(&e))
+                    api_errors(ClientError::Usage(String::new()), Some(&e))
                 }
                 _ => api_errors(from_kube(&op, e), None),
             };

@@ -13,8 +13,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::api::{AxDag, AxQueue, AxTask};
-use crate::cli::error::{Op, Resource};
-use crate::cli::list::watch_error;
+use crate::client::error::{Op, Resource, watch_error};
 
 /// The objects, keyed by (namespace, name); queues by name.
 #[derive(Default, Debug)]

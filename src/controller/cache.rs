@@ -195,7 +195,7 @@ impl CachedTask {
             CachedTask::Whole(task) => task
                 .status
                 .as_ref()?
-                .condition("Queued")
+                .condition(crate::core::conditions::QUEUED)
                 .map(|c| (c.reason.as_str(), c.message.as_str())),
             CachedTask::Settled(s) => Some(s.facts.queued_condition()),
         }

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use jiff::Timestamp;
 use jiff::tz::TimeZone;
-use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
@@ -27,12 +27,14 @@ use tracing::{debug, info, warn};
 
 use super::events::Events;
 use super::owner_index::OwnerIndex;
-use super::write::{ApiError, api_message};
+use super::write::{self, ApiError, api_message};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
 use crate::api::{
-    ANNOTATION_CATCH_UP, AxCron, AxCronStatus, AxDag, AxTask, Condition, DagPhase, LABEL_CRON,
+    ANNOTATION_CATCH_UP, AxCron, AxCronStatus, AxDag, AxTask, DagPhase, LABEL_CRON,
     LABEL_SCHEDULED_TIME, PendingChild, TaskPhase,
 };
+use crate::core::conditions;
+use crate::core::cron::status::{self, ChildKind, ChildState, Outcome};
 use crate::core::cron::{
     self as core, Child, Decision, Finished, Policy, Schedule, Skip, SkipReason,
 };
@@ -48,10 +50,6 @@ const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 /// Longest sleep between two reconciles of a cron, whatever its schedule: the status (active
 /// children) is refreshed by child events anyway; this bounds the damage of a lost timer.
 const MAX_SLEEP: Duration = Duration::from_secs(600);
-
-/// Longest cron name: `<name>-<10-digit unix time>` must still be a valid label value (63), as
-/// the children of a DAG child are labelled with its name (CronJob has the same limit).
-pub const MAX_NAME: usize = 52;
 
 pub struct CronContext {
     pub client: Client,
@@ -120,60 +118,6 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
         .await;
 }
 
-/// A child as the caches show it.
-#[derive(Debug, Clone)]
-struct ChildState {
-    name: String,
-    scheduled: Timestamp,
-    kind: ChildKind,
-    outcome: Outcome,
-    /// `spec.cancel` is set already.
-    canceling: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChildKind {
-    Task,
-    Dag,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    Active,
-    Succeeded(Option<Timestamp>),
-    Failed,
-}
-
-/// The spec, checked: what the core needs, or why it cannot run (shown in `InvalidSpec`).
-fn validate(cron: &AxCron, uid: &str) -> Result<(Schedule, Policy), String> {
-    let spec = &cron.spec;
-    let name = cron.name_any();
-    if name.len() > MAX_NAME {
-        return Err(format!(
-            "metadata.name: at most {MAX_NAME} characters (children are named <cron>-<unix time>), \
-             this one has {}",
-            name.len()
-        ));
-    }
-    match (&spec.task, &spec.dag) {
-        (Some(_), None) | (None, Some(_)) => {}
-        _ => return Err("spec: exactly one of task and dag must be set".into()),
-    }
-    let schedule = Schedule::parse(&spec.schedule, &spec.time_zone)
-        .map_err(|e| format!("schedule {:?}: {e}", spec.schedule))?;
-    let policy = Policy {
-        misfire: spec.misfire_policy,
-        max_catch_up: u32::try_from(spec.max_catch_up.clamp(1, 100)).unwrap_or(1),
-        starting_deadline: spec
-            .starting_deadline_seconds
-            .map(|s| SignedDuration::from_secs(s.max(0))),
-        concurrency: spec.concurrency_policy,
-        jitter: core::jitter_offset(uid, spec.jitter_seconds),
-        suspend: spec.suspend,
-    };
-    Ok((schedule, policy))
-}
-
 #[tracing::instrument(skip_all, fields(namespace = cron.namespace(), name = cron.name_any()))]
 pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
     let _timer = ctx.metrics.reconcile_timer(CONTROLLER);
@@ -193,16 +137,30 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
     } else {
         ChildKind::Task
     };
-    let recorded: Vec<core::Firing> = before.pending_children.iter().map(firing_of).collect();
+    let recorded: Vec<core::Firing> = before
+        .pending_children
+        .iter()
+        .map(status::firing_of)
+        .collect();
     let mut children = owned_children(&cron, &uid, &ctx);
     add_expected(&uid, kind, &recorded, &mut children, &ctx);
 
-    let (schedule, policy) = match validate(&cron, &uid) {
+    let (schedule, policy) = match core::validate(&cron, &uid) {
         Ok(valid) => valid,
-        Err(message) => {
-            let status = status_with(&cron, &before, &children, None, Some(&message), &recorded);
-            if !condition_is(&before, "InvalidSpec", "True", &message) {
-                publish(&cron, EventType::Warning, "InvalidSpec", &message, &ctx);
+        Err(invalid) => {
+            let message = invalid.to_string();
+            let status = core::cron_status(
+                &cron,
+                &before,
+                &children,
+                None,
+                Some(&message),
+                &recorded,
+                now,
+            );
+            if status::newly_invalid(&before, &message) {
+                let reason = conditions::reason::INVALID_SPEC;
+                publish(&cron, EventType::Warning, reason, &message, &ctx);
             }
             write_status(&cron, &before, &status, false, &ctx).await?;
             return Ok(Requeue::await_change());
@@ -261,7 +219,15 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
     // that lands. A decision on a stale copy (behind the cron's own last write, whose child may be
     // deleted by now: its TTL, the history limit) then conflicts instead of firing a time twice,
     // and a write that fails leaves nothing created.
-    let status = status_with(&cron, &before, &children, Some(&decision), None, &create);
+    let status = core::cron_status(
+        &cron,
+        &before,
+        &children,
+        Some(&decision),
+        None,
+        &create,
+        now,
+    );
     if !write_status(&cron, &before, &status, !create.is_empty(), &ctx).await? {
         // A newer version of the cron is on its way; decide again on it.
         return Ok(Requeue::requeue(Duration::from_secs(1)));
@@ -300,22 +266,6 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
         }
         None => Requeue::await_change(),
     })
-}
-
-fn firing_of(pending: &PendingChild) -> core::Firing {
-    core::Firing {
-        scheduled: pending.scheduled_time,
-        name: pending.name.clone(),
-        catch_up: pending.catch_up,
-    }
-}
-
-fn pending_of(firing: &core::Firing) -> PendingChild {
-    PendingChild {
-        name: firing.name.clone(),
-        scheduled_time: firing.scheduled,
-        catch_up: firing.catch_up,
-    }
 }
 
 impl CronContext {
@@ -709,149 +659,8 @@ async fn delete_beyond_history(
     Ok(())
 }
 
-/// The status after this reconcile: `decision` when the spec is valid, else `invalid` says why.
-fn status_with(
-    cron: &AxCron,
-    before: &AxCronStatus,
-    children: &[ChildState],
-    decision: Option<&Decision>,
-    invalid: Option<&str>,
-    pending: &[core::Firing],
-) -> AxCronStatus {
-    let generation = cron.metadata.generation;
-    let active: Vec<String> = children
-        .iter()
-        .filter(|c| c.outcome == Outcome::Active)
-        .map(|c| c.name.clone())
-        .collect();
-    let newest_child = children.iter().map(|c| c.scheduled).max();
-    let newest_success = children
-        .iter()
-        .filter_map(|c| match c.outcome {
-            Outcome::Succeeded(finished) => finished,
-            _ => None,
-        })
-        .max();
-    let suspended = cron.spec.suspend;
-    let conditions = vec![
-        match invalid {
-            Some(message) => condition(
-                before,
-                "InvalidSpec",
-                true,
-                "InvalidSpec",
-                message,
-                generation,
-            ),
-            None => condition(before, "InvalidSpec", false, "Valid", "", generation),
-        },
-        if suspended {
-            condition(
-                before,
-                "Suspended",
-                true,
-                "Suspended",
-                "spec.suspend is true: nothing is created; times passed meanwhile are misfires on resume",
-                generation,
-            )
-        } else {
-            condition(before, "Suspended", false, "Active", "", generation)
-        },
-    ];
-    AxCronStatus {
-        last_schedule_time: before.last_schedule_time.max(newest_child),
-        last_handled_time: decision
-            .and_then(|d| d.handled_until)
-            .or(before.last_handled_time),
-        last_successful_time: before.last_successful_time.max(newest_success),
-        next_schedule_time: decision.and_then(|d| d.next_schedule_time),
-        active_count: i32::try_from(active.len()).unwrap_or(i32::MAX),
-        active,
-        pending_children: pending.iter().map(pending_of).collect(),
-        conditions,
-        observed_generation: generation,
-    }
-}
-
-fn condition_is(before: &AxCronStatus, type_: &str, status: &str, message: &str) -> bool {
-    before
-        .conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == status && c.message == message)
-}
-
-/// A condition, keeping its lastTransitionTime while its status does not change.
-fn condition(
-    before: &AxCronStatus,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-) -> Condition {
-    let status = if status { "True" } else { "False" };
-    let last_transition_time = before
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(Timestamp::now()));
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        last_transition_time,
-        observed_generation: generation,
-    }
-}
-
-/// Clears `status.pendingChildren`, as `written` just before, once every one of them was
-/// `answered` (created, found, or refused for good). A JSON patch that tests the list is still
-/// `written`, not the resourceVersion, so a change elsewhere in the cron does not stop it. Only
-/// ever a removal: a list left in part would belong to this Update, not to the next apply, which
-/// could then not drop it. A failure (or a create not answered) leaves the list to the next status
-/// write, which drops the children it sees.
-async fn confirm_pending(
-    cron: &AxCron,
-    written: &[PendingChild],
-    answered: &HashSet<String>,
-    ctx: &CronCtx,
-) {
-    if written.is_empty() || !written.iter().all(|p| answered.contains(&p.name)) {
-        return;
-    }
-    let Some(namespace) = cron.namespace() else {
-        return;
-    };
-    let path = "/status/pendingChildren";
-    let ops = serde_json::json!([
-        {"op": "test", "path": path, "value": written},
-        {"op": "remove", "path": path},
-    ]);
-    let patch: json_patch::Patch = match serde_json::from_value(ops) {
-        Ok(patch) => patch,
-        Err(e) => {
-            warn!(error = %e, "pending children patch");
-            return;
-        }
-    };
-    let api: Api<AxCron> = Api::namespaced(ctx.client.clone(), &namespace);
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
-    if let Err(e) = api
-        .patch_status(&cron.name_any(), &params, &Patch::<()>::Json(patch))
-        .await
-    {
-        debug!(error = %e, "pending children left for the next status write");
-    }
-}
-
-/// Writes the status if it changed (or `always`): server-side apply under the operator's field
-/// manager, conditional on the resourceVersion so a decision taken on a stale copy never
-/// overwrites newer state, nor acts on it. Returns false when it conflicted (or the cron is gone).
+/// Writes the status if it changed (or `always`; see `write::cron_status`). Returns false when it
+/// conflicted (or the cron is gone).
 async fn write_status(
     cron: &AxCron,
     before: &AxCronStatus,
@@ -862,25 +671,27 @@ async fn write_status(
     if before == status && !always {
         return Ok(true);
     }
-    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let api: Api<AxCron> = Api::namespaced(ctx.client.clone(), &namespace);
-    let patch = serde_json::json!({
-        "apiVersion": AxCron::api_version(&()),
-        "kind": AxCron::kind(&()),
-        "metadata": { "name": cron.name_any(), "resourceVersion": cron.resource_version() },
-        "status": status,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    match api
-        .patch_status(&cron.name_any(), &params, &Patch::Apply(&patch))
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(e) if matches!(ApiError::of(&e), ApiError::Conflict | ApiError::NotFound) => {
-            debug!("cron status write conflicted; deciding again on the newer version");
-            Ok(false)
-        }
-        Err(e) => Err(Error::WriteStatus(e)),
+    let written = write::cron_status(&ctx.client, cron, status).await?;
+    if !written {
+        debug!("cron status write conflicted; deciding again on the newer version");
+    }
+    Ok(written)
+}
+
+/// Clears `status.pendingChildren`, as `written` just before, once every one of them was
+/// `answered` (created, found, or refused for good). A failure (or a create not answered) leaves
+/// the list to the next status write, which drops the children it sees.
+async fn confirm_pending(
+    cron: &AxCron,
+    written: &[PendingChild],
+    answered: &HashSet<String>,
+    ctx: &CronCtx,
+) {
+    if written.is_empty() || !written.iter().all(|p| answered.contains(&p.name)) {
+        return;
+    }
+    if let Err(e) = write::cron_pending_created(&ctx.client, cron, written).await {
+        debug!(error = %e, "pending children left for the next status write");
     }
 }
 
@@ -1006,51 +817,6 @@ mod tests {
     }
 
     #[test]
-    fn validation_names_what_is_wrong() {
-        let bad_field = cron(
-            "c",
-            serde_json::json!({"schedule": "0 0 32 * *", "task": task()}),
-        );
-        assert_eq!(
-            validate(&bad_field, "u-1").unwrap_err(),
-            "schedule \"0 0 32 * *\": field 3 (day of month): 32 out of range 1-31"
-        );
-        let both = cron(
-            "c",
-            serde_json::json!({"schedule": "@daily", "task": task(), "dag": {"tasks": []}}),
-        );
-        assert_eq!(
-            validate(&both, "u-1").unwrap_err(),
-            "spec: exactly one of task and dag must be set"
-        );
-        let zone = cron(
-            "c",
-            serde_json::json!({"schedule": "@daily", "timeZone": "Europe/Nowhere", "task": task()}),
-        );
-        assert!(
-            validate(&zone, "u-1")
-                .unwrap_err()
-                .contains("not an IANA time zone")
-        );
-        let long = cron(
-            &"x".repeat(53),
-            serde_json::json!({"schedule": "@daily", "task": task()}),
-        );
-        assert!(
-            validate(&long, "u-1")
-                .unwrap_err()
-                .starts_with("metadata.name: at most 52")
-        );
-        let ok = cron(
-            "c",
-            serde_json::json!({"schedule": "*/5 * * * * *", "jitterSeconds": 30, "task": task()}),
-        );
-        let (_, policy) = validate(&ok, "u-1").unwrap();
-        assert_eq!(policy.jitter, core::jitter_offset("u-1", 30));
-        assert_eq!(policy.misfire, crate::api::MisfirePolicy::Skip);
-    }
-
-    #[test]
     fn children_are_named_labelled_and_owned_for_their_time() {
         let c = cron(
             "nightly",
@@ -1084,64 +850,6 @@ mod tests {
         };
         // Without the label the name's suffix still gives the time.
         assert_eq!(scheduled_time(&child, "nightly-"), Some(scheduled));
-    }
-
-    #[test]
-    fn status_counts_active_children_and_keeps_the_newest_times() {
-        let c = cron(
-            "c",
-            serde_json::json!({"schedule": "@daily", "task": task(), "suspend": true}),
-        );
-        let t = |s: i64| Timestamp::from_second(s).unwrap();
-        let children = [
-            ChildState {
-                name: "c-100".into(),
-                scheduled: t(100),
-                kind: ChildKind::Task,
-                outcome: Outcome::Succeeded(Some(t(150))),
-                canceling: false,
-            },
-            ChildState {
-                name: "c-200".into(),
-                scheduled: t(200),
-                kind: ChildKind::Task,
-                outcome: Outcome::Active,
-                canceling: false,
-            },
-        ];
-        let before = AxCronStatus {
-            last_successful_time: Some(t(120)),
-            ..Default::default()
-        };
-        let status = status_with(
-            &c,
-            &before,
-            &children,
-            Some(&Decision::default()),
-            None,
-            &[],
-        );
-        assert_eq!(status.active, ["c-200"]);
-        assert_eq!(status.active_count, 1);
-        assert_eq!(status.last_schedule_time, Some(t(200)));
-        assert_eq!(status.last_successful_time, Some(t(150)));
-        let suspended = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Suspended")
-            .unwrap();
-        assert_eq!(suspended.status, "True");
-        let invalid = status_with(&c, &before, &children, None, Some("bad"), &[]);
-        let condition = invalid
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "InvalidSpec")
-            .unwrap();
-        assert_eq!(
-            (condition.status.as_str(), condition.message.as_str()),
-            ("True", "bad")
-        );
-        assert_eq!(invalid.next_schedule_time, None);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::api::{
     AxDag, AxDagStatus, AxTask, AxTaskSpec, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK,
     TaskPhase,
 };
+use crate::core::conditions;
 use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
 };
@@ -626,16 +627,18 @@ fn publish_phase(
     status: &AxDagStatus,
     ctx: &DagCtx,
 ) {
-    let invalid = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "InvalidSpec" && c.status == "True");
+    let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true);
     let (type_, reason, detail) = match (to, invalid) {
-        (DagPhase::Failed, Some(invalid)) => {
-            (EventType::Warning, "InvalidSpec", invalid.message.clone())
-        }
+        (DagPhase::Failed, Some(invalid)) => (
+            EventType::Warning,
+            conditions::reason::INVALID_SPEC,
+            invalid.message.clone(),
+        ),
         _ => {
-            let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+            let ready = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == conditions::READY);
             let kind = if to == DagPhase::Failed {
                 EventType::Warning
             } else {

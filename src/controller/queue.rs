@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 use super::write::{self, ApiError};
 use super::{Ctx, FIELD_MANAGER};
 use crate::api::{AxQueue, AxQueueSpec, DEFAULT_QUEUE};
+use crate::core::conditions;
 use crate::core::queue::{QueueReport, capacity, queue_status};
 
 /// How often `AxQueue.status` and the queue metrics are brought up to date (written only when
@@ -82,7 +83,7 @@ fn configure(ctx: &Ctx, queue: &AxQueue) {
                 ctx,
                 queue,
                 "Warning",
-                "InvalidSpec",
+                conditions::reason::INVALID_SPEC,
                 &format!("{problem}; the previous configuration stays in force"),
             );
         }

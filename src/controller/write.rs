@@ -5,15 +5,26 @@
 //!   resourceVersion it decided on; a conflict means someone else changed the task, whose newer
 //!   version is on its way through the watch → *await change*.
 //! - AxDag (the DAG reconciler, the only writer of a DAG's status): the same → *await change*.
+//! - AxCron (the cron reconciler, the only writer of a cron's status): conditional on the
+//!   resourceVersion like the others; a conflict or a cron gone → *decide again* on the newer
+//!   version (reported as `Ok(false)`: the reconciler requeues at once). Clearing the pending
+//!   children after their creates is conditional on the list instead (see
+//!   [`cron_pending_created`]); a failure there is *skipped*: the next status write drops them.
 //! - AxQueue (the queue status loop, the only writer of a queue's status, every few seconds):
 //!   unconditional apply of the fields it owns → *no conflict possible*; a failure is *skipped*
 //!   until the next round.
+//!
+//! One policy under all of them: a status is written only by the one reconciler of its kind, from
+//! a decision on a copy it names by resourceVersion, so a stale decision never lands.
 
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 
 use super::{Error, FIELD_MANAGER, Result};
-use crate::api::{AxDag, AxDagStatus, AxQueue, AxQueueStatus, AxTask, AxTaskStatus};
+use crate::api::{
+    AxCron, AxCronStatus, AxDag, AxDagStatus, AxQueue, AxQueueStatus, AxTask, AxTaskStatus,
+    PendingChild,
+};
 
 /// What an API error means for the operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +117,57 @@ pub async fn dag_status(client: &Client, dag: &AxDag, status: &AxDagStatus) -> R
         .map_err(|e| Error::WriteStatus(kube::Error::BuildRequest(e)))?;
     client
         .request_text(request)
+        .await
+        .map_err(Error::WriteStatus)?;
+    Ok(())
+}
+
+/// Applies a cron's whole status under the operator's field manager, conditional on the
+/// resourceVersion the decision read. Returns false when it conflicted or the cron is gone: a
+/// newer version is on its way, to decide again on.
+pub async fn cron_status(client: &Client, cron: &AxCron, status: &AxCronStatus) -> Result<bool> {
+    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<AxCron> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({
+        "apiVersion": AxCron::api_version(&()),
+        "kind": AxCron::kind(&()),
+        "metadata": { "name": cron.name_any(), "resourceVersion": cron.resource_version() },
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match api
+        .patch_status(&cron.name_any(), &params, &Patch::Apply(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(ApiError::of(&e), ApiError::Conflict | ApiError::NotFound) => Ok(false),
+        Err(e) => Err(Error::WriteStatus(e)),
+    }
+}
+
+/// Clears a cron's `status.pendingChildren`, as `written` just before, once their children are
+/// created. A JSON patch that tests the list is still `written`, not the resourceVersion, so a
+/// change elsewhere in the cron does not stop it. Only ever a removal: a list left in part would
+/// belong to this Update, not to the next apply, which could then not drop it.
+pub async fn cron_pending_created(
+    client: &Client,
+    cron: &AxCron,
+    written: &[PendingChild],
+) -> Result<()> {
+    let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let path = "/status/pendingChildren";
+    let ops = serde_json::json!([
+        {"op": "test", "path": path, "value": written},
+        {"op": "remove", "path": path},
+    ]);
+    let patch: json_patch::Patch =
+        serde_json::from_value(ops).map_err(|e| Error::WriteStatus(kube::Error::SerdeError(e)))?;
+    let api: Api<AxCron> = Api::namespaced(client.clone(), &namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch_status(&cron.name_any(), &params, &Patch::<()>::Json(patch))
         .await
         .map_err(Error::WriteStatus)?;
     Ok(())

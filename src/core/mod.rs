@@ -2,6 +2,7 @@
 //! randomness of their own. Tested exhaustively; the controllers only gather inputs and write.
 
 pub mod backoff;
+pub mod conditions;
 pub mod cron;
 pub mod dag;
 pub mod egress;

@@ -9,7 +9,8 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::AxDag;
-use crate::cli::dag::{levels, node_phase_name};
+use crate::client::dag::{levels, node_phase_name};
+use crate::core::conditions;
 
 use super::super::html::{ago, dag_href, phase_badge, task_href};
 
@@ -132,7 +133,7 @@ pub fn page(dag: &AxDag, now: Timestamp) -> Markup {
             dt { "Created" } dd { (ago(now, dag.metadata.creation_timestamp.as_ref().map(|t| t.0))) " ago" }
             @if dag.spec.cancel { dt { "Cancel" } dd { "requested" } }
         }
-        @for c in s.conditions.iter().filter(|c| c.status == "True" && c.type_ != "Ready") {
+        @for c in s.conditions.iter().filter(|c| c.status == "True" && c.type_ != conditions::READY) {
             div.problem { (c.type_) ": " (c.reason) ": " (c.message) }
         }
         div.graph { (graph(dag)) }

@@ -7,7 +7,8 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::{AxQueue, AxTask, Priority, TaskPhase};
-use crate::cli::target::effective_phase;
+use crate::client::task::effective_phase;
+use crate::core::conditions;
 use crate::core::queue::queue_config;
 use crate::core::queue::weights::effective_weights;
 
@@ -51,10 +52,7 @@ fn queue(q: &AxQueue, tasks: &[&AxTask], tasks_scope: &str, now: Timestamp) -> M
     let status = q.status.clone().unwrap_or_default();
     let spec = &q.spec;
     let config = queue_config(spec);
-    let invalid = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "InvalidSpec" && c.status == "True");
+    let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true);
     let pending = |p: Priority| match p {
         Priority::Critical => status.pending.critical,
         Priority::High => status.pending.high,

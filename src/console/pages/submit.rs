@@ -7,8 +7,7 @@ use maud::{Markup, html};
 use serde_json::Value;
 
 use crate::api::{AxTask, Priority};
-use crate::cli::args::SubmitArgs;
-use crate::cli::submit::{build_task_value, parse_payload};
+use crate::client::submit::{TaskFields, build_task_value, parse_payload};
 use crate::core::task::validate;
 
 use super::super::html::token_field;
@@ -196,7 +195,7 @@ pub fn manifest(input: &Input) -> Result<Value, Vec<FieldError>> {
                 })?),
                 None => None,
             };
-            let args = SubmitArgs {
+            let fields = TaskFields {
                 name: opt(input.field("name")),
                 task_type: opt(input.field("type")),
                 image: opt(input.field("image")),
@@ -206,9 +205,9 @@ pub fn manifest(input: &Input) -> Result<Value, Vec<FieldError>> {
                 queue: opt(input.field("queue")),
                 max_retries,
                 hard_timeout: opt(input.field("hardTimeout")),
-                ..SubmitArgs::default()
+                ..TaskFields::default()
             };
-            build_task_value(&args, None, payload, &input.namespace)
+            build_task_value(&fields, None, payload, &input.namespace)
                 .map_err(|e| vec![FieldError::general(e.to_string())])?
         }
     };

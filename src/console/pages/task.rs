@@ -7,9 +7,12 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::{AxTask, LABEL_DAG, LABEL_DAG_TASK};
-use crate::cli::describe::{AttemptRow, PodInfo, attempt_rows, waiting};
-use crate::cli::format::{run_time, time};
-use crate::cli::rerun::{CancelDecision, RetryDecision, cancel_decision_task, retry_decision_task};
+use crate::client::format::{run_time, time};
+use crate::client::rerun::{
+    CancelDecision, RetryDecision, cancel_decision_task, retry_decision_task,
+};
+use crate::client::task::{AttemptRow, PodInfo, attempt_rows, waiting};
+use crate::core::conditions;
 
 use super::super::diagram;
 use super::super::html::{ago, dag_href, phase_badge, seg, task_href, token_field};
@@ -145,7 +148,7 @@ fn why(task: &AxTask, now: Timestamp) -> Markup {
     let rerun = status
         .conditions
         .iter()
-        .find(|c| c.type_ == "RerunRequested" && c.status == "True");
+        .find(|c| c.type_ == conditions::RERUN_REQUESTED && c.status == "True");
     let cancel_pending = task.spec.cancel && !status.phase.is_some_and(|p| p.is_terminal());
     if lines.is_empty() && rerun.is_none() && !cancel_pending {
         return html! {};

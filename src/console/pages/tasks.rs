@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::{AxTask, Priority};
-use crate::cli::target::{ALL_PHASES, effective_phase};
+use crate::client::task::{ALL_PHASES, effective_phase};
 
 use super::super::html::{ago, phase_badge, task_href, token_field};
 

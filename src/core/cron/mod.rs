@@ -12,6 +12,7 @@
 
 pub mod firing;
 pub mod schedule;
+pub mod status;
 
 #[cfg(test)]
 mod tests;
@@ -21,3 +22,4 @@ pub use firing::{
     history_to_delete, jitter_offset, recorded_missing, to_create,
 };
 pub use schedule::{ParseError, Schedule};
+pub use status::{ChildKind, ChildState, InvalidCron, MAX_NAME, Outcome, cron_status, validate};

@@ -5,12 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{Evaluation, Graph};
-use crate::api::{
-    AxDag, AxDagStatus, AxTask, Condition, DagNodePhase, DagNodeStatus, DagPhase, TaskPhase,
-};
+use crate::api::{AxDag, AxDagStatus, AxTask, DagNodePhase, DagNodeStatus, DagPhase, TaskPhase};
+use crate::core::conditions::{INVALID_SPEC, READY, condition, reason};
 
 /// A child the task controller has not seen yet, or whose re-run request it has not acted on yet,
 /// is Pending.
@@ -92,15 +90,23 @@ pub fn graph_status(
     let (ready_reason, ready_message) = ready_reason(phase, evaluation);
     let conditions = vec![
         condition(
-            before,
-            "Ready",
+            &before.conditions,
+            READY,
             phase == DagPhase::Succeeded,
             ready_reason,
             &ready_message,
             generation,
             now,
         ),
-        condition(before, "InvalidSpec", false, "Valid", "", generation, now),
+        condition(
+            &before.conditions,
+            INVALID_SPEC,
+            false,
+            reason::VALID,
+            "",
+            generation,
+            now,
+        ),
     ];
     AxDagStatus {
         phase: Some(phase),
@@ -129,19 +135,19 @@ pub fn invalid_status(
         finished_at: finished_at(DagPhase::Failed, before, now),
         conditions: vec![
             condition(
-                before,
-                "Ready",
+                &before.conditions,
+                READY,
                 false,
-                "InvalidSpec",
+                reason::INVALID_SPEC,
                 "the DAG cannot run",
                 generation,
                 now,
             ),
             condition(
-                before,
-                "InvalidSpec",
+                &before.conditions,
+                INVALID_SPEC,
                 true,
-                "InvalidSpec",
+                reason::INVALID_SPEC,
                 message,
                 generation,
                 now,
@@ -212,33 +218,6 @@ fn short_list(tasks: &[&str]) -> String {
     list
 }
 
-/// A condition, keeping its lastTransitionTime while its status does not change.
-fn condition(
-    before: &AxDagStatus,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: Timestamp,
-) -> Condition {
-    let status = if status { "True" } else { "False" };
-    let last_transition_time = before
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or(Time(now));
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message: message.into(),
-        last_transition_time,
-        observed_generation: generation,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,36 +269,6 @@ mod tests {
         };
         assert_eq!(finished_at(DagPhase::Failed, &failed, t1), Some(t0));
         assert_eq!(finished_at(DagPhase::Running, &failed, t1), None);
-    }
-
-    #[test]
-    fn conditions_keep_their_transition_time_while_unchanged() {
-        let now = Timestamp::UNIX_EPOCH;
-        let first = condition(
-            &AxDagStatus::default(),
-            "Ready",
-            false,
-            "Running",
-            "",
-            Some(1),
-            now,
-        );
-        let before = AxDagStatus {
-            conditions: vec![first.clone()],
-            ..Default::default()
-        };
-        let same = condition(
-            &before,
-            "Ready",
-            false,
-            "Running",
-            "1 of 2",
-            Some(1),
-            now + jiff::SignedDuration::from_secs(1),
-        );
-        assert_eq!(same.last_transition_time, first.last_transition_time);
-        let flipped = condition(&before, "Ready", true, "Succeeded", "", Some(1), now);
-        assert_eq!(flipped.status, "True");
     }
 
     #[test]

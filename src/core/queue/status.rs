@@ -1,14 +1,14 @@
 //! The status an AxQueue shows, assembled from what its registry entry reports.
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::breaker::BreakerState;
 use super::registry::QueueReport;
 use crate::api::{
-    ActiveWindow, AxQueueStatus, CircuitStatus, ConcurrencyChange, Condition, PendingCounts,
-    Priority, QueueLimits,
+    ActiveWindow, AxQueueStatus, CircuitStatus, ConcurrencyChange, PendingCounts, Priority,
+    QueueLimits,
 };
+use crate::core::conditions::{self, INVALID_SPEC, reason};
 
 /// The status a queue should show: the report's counts, the limits in force and the window that
 /// set them, the effective concurrency and its last adaptive change, and the `InvalidSpec`
@@ -21,32 +21,25 @@ pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp
             .find(|(p, _)| *p == priority)
             .map_or(0, |(_, n)| i64::try_from(*n).unwrap_or(i64::MAX))
     };
-    let (value, reason, message) = match &report.invalid {
+    let (invalid, reason, message) = match &report.invalid {
         Some(problem) => (
-            "True",
-            "InvalidSpec",
+            true,
+            reason::INVALID_SPEC,
             format!("{problem}; the previous configuration stays in force"),
         ),
-        None => ("False", "Valid", String::new()),
+        None => (false, reason::VALID, String::new()),
     };
-    let previous = before.conditions.iter().find(|c| c.type_ == "InvalidSpec");
-    let last_transition_time = previous
-        .filter(|c| c.status == value)
-        .map_or(Time(now), |c| c.last_transition_time.clone());
-    let mut conditions: Vec<Condition> = before
-        .conditions
-        .iter()
-        .filter(|c| c.type_ != "InvalidSpec")
-        .cloned()
-        .collect();
-    conditions.push(Condition {
-        type_: "InvalidSpec".into(),
-        status: value.into(),
-        reason: reason.into(),
-        message,
-        last_transition_time,
-        observed_generation: report.generation,
-    });
+    // Other types are kept as they are: the queue's status has one condition of its own.
+    let mut conditions = before.conditions.clone();
+    conditions::set(
+        &mut conditions,
+        INVALID_SPEC,
+        invalid,
+        reason,
+        &message,
+        report.generation,
+        now,
+    );
     AxQueueStatus {
         pending: PendingCounts {
             critical: count(Priority::Critical),

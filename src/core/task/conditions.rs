@@ -1,22 +1,20 @@
 //! A task's conditions: `Ready`, `Queued` (what holds a waiting task), `CircuitOpen`,
 //! `WorkerTerminating` (a pod that should not run is still stopping), `RerunRequested` and
-//! `CallbackDelivered`. A condition's `lastTransitionTime` moves only when its status value does.
+//! `CallbackDelivered`: what each means for a task. The types, reasons and the builder are
+//! `core::conditions`'.
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::observe::rerun_requested;
 use super::reason::Reason;
 use super::{Decision, Inputs};
-use crate::api::{AxTaskStatus, Condition, TaskPhase};
+use crate::api::{AxTaskStatus, TaskPhase};
+use crate::core::conditions::{self, reason};
 use crate::core::queue::{HeldReason, estimate};
 
-pub const READY: &str = "Ready";
-pub const QUEUED: &str = "Queued";
-pub const CIRCUIT_OPEN: &str = "CircuitOpen";
-pub const WORKER_TERMINATING: &str = "WorkerTerminating";
-pub const RERUN_REQUESTED: &str = "RerunRequested";
-pub const CALLBACK_DELIVERED: &str = "CallbackDelivered";
+pub use crate::core::conditions::{
+    CALLBACK_DELIVERED, CIRCUIT_OPEN, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
+};
 
 /// How a callback delivery ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,9 +29,9 @@ pub enum CallbackResult {
 impl CallbackResult {
     fn reason(self) -> &'static str {
         match self {
-            CallbackResult::Delivered => "Delivered",
-            CallbackResult::Failed => "DeliveryFailed",
-            CallbackResult::Refused => "CallbackRefused",
+            CallbackResult::Delivered => reason::DELIVERED,
+            CallbackResult::Failed => reason::DELIVERY_FAILED,
+            CallbackResult::Refused => reason::CALLBACK_REFUSED,
         }
     }
 }
@@ -46,20 +44,16 @@ pub fn callback_outcome(
     now: Timestamp,
 ) -> AxTaskStatus {
     let mut s = status.clone();
-    let value = if result == CallbackResult::Delivered {
-        "True"
-    } else {
-        "False"
-    };
+    let delivered = result == CallbackResult::Delivered;
     let generation = status.observed_generation;
-    set_condition(
-        &mut s,
+    conditions::set(
+        &mut s.conditions,
         CALLBACK_DELIVERED,
-        value,
+        delivered,
         result.reason(),
         message,
-        now,
         generation,
+        now,
     );
     s
 }
@@ -77,51 +71,51 @@ pub(super) fn update(
     let phase = status.phase.unwrap_or_default();
 
     let (ready, ready_reason) = match phase {
-        TaskPhase::Succeeded => ("True", "Succeeded"),
-        p => ("False", p.as_str()),
+        TaskPhase::Succeeded => (true, TaskPhase::Succeeded.as_str()),
+        p => (false, p.as_str()),
     };
     let ready_message = status.reason.clone().unwrap_or_default();
-    set_condition(
-        status,
+    conditions::set(
+        &mut status.conditions,
         READY,
         ready,
         ready_reason,
         &ready_message,
-        now,
         generation,
+        now,
     );
 
     let (queued, queued_reason, queued_message) = queued(status, inputs, &fenced, now);
-    set_condition(
-        status,
+    conditions::set(
+        &mut status.conditions,
         QUEUED,
         queued,
         &queued_reason,
         &queued_message,
-        now,
         generation,
+        now,
     );
-    let circuit = queued == "True" && queued_reason == HeldReason::CircuitOpen.as_str();
+    let circuit = queued && queued_reason == HeldReason::CircuitOpen.as_str();
     if circuit {
-        set_condition(
-            status,
+        conditions::set(
+            &mut status.conditions,
             CIRCUIT_OPEN,
-            "True",
-            "CircuitOpen",
+            true,
+            reason::CIRCUIT_OPEN,
             &queued_message,
-            now,
             generation,
+            now,
         );
     } else if has_true(status, CIRCUIT_OPEN) {
         let message = "no longer held by an open circuit";
-        set_condition(
-            status,
+        conditions::set(
+            &mut status.conditions,
             CIRCUIT_OPEN,
-            "False",
-            "NotHeld",
+            false,
+            reason::NOT_HELD,
             message,
-            now,
             generation,
+            now,
         );
     }
 
@@ -130,25 +124,25 @@ pub(super) fn update(
             let message = format!(
                 "waiting for pod {pod} (attempt {attempt}) to stop; the next attempt and the final phase wait until it is gone"
             );
-            set_condition(
-                status,
+            conditions::set(
+                &mut status.conditions,
                 WORKER_TERMINATING,
-                "True",
-                "WaitingForPod",
+                true,
+                reason::WAITING_FOR_POD,
                 &message,
-                now,
                 generation,
+                now,
             );
         }
         None if has_true(status, WORKER_TERMINATING) => {
-            set_condition(
-                status,
+            conditions::set(
+                &mut status.conditions,
                 WORKER_TERMINATING,
-                "False",
-                "PodsStopped",
+                false,
+                reason::PODS_STOPPED,
                 "",
-                now,
                 generation,
+                now,
             );
         }
         None => {}
@@ -157,7 +151,7 @@ pub(super) fn update(
     if rerun_requested(inputs.spec, status) {
         let (reason, message) = if !phase.is_terminal() {
             (
-                "WaitingForFinish",
+                reason::WAITING_FOR_FINISH,
                 format!(
                     "spec.rerun={} is acted on when the task has finished",
                     inputs.spec.rerun
@@ -165,37 +159,34 @@ pub(super) fn update(
             )
         } else {
             (
-                "CancelSet",
+                reason::CANCEL_SET,
                 "spec.cancel is true: set it to false for the re-run to start".to_string(),
             )
         };
-        set_condition(
-            status,
+        conditions::set(
+            &mut status.conditions,
             RERUN_REQUESTED,
-            "True",
+            true,
             reason,
             &message,
-            now,
             generation,
+            now,
         );
     } else if has_true(status, RERUN_REQUESTED) {
-        set_condition(
-            status,
+        conditions::set(
+            &mut status.conditions,
             RERUN_REQUESTED,
-            "False",
-            "RerunStarted",
+            false,
+            reason::RERUN_STARTED,
             "",
-            now,
             generation,
+            now,
         );
     }
 }
 
 fn has_true(status: &AxTaskStatus, type_: &str) -> bool {
-    status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
+    conditions::find(&status.conditions, type_, true).is_some()
 }
 
 /// The `Queued` condition: true while the task waits for a slot, with what holds it.
@@ -204,10 +195,10 @@ fn queued(
     inputs: &Inputs,
     fenced: &Option<(String, i32)>,
     now: Timestamp,
-) -> (&'static str, String, String) {
+) -> (bool, String, String) {
     let phase = status.phase.unwrap_or_default();
     if phase != TaskPhase::Pending {
-        return ("False", phase.as_str().into(), String::new());
+        return (false, phase.as_str().into(), String::new());
     }
     if let Some(at) = status.next_attempt_at.filter(|t| *t > now) {
         let refused = status
@@ -216,7 +207,7 @@ fn queued(
             .filter(|f| f.attempt == status.attempt && f.reason == Reason::PodForbidden.as_str());
         return match refused {
             Some(f) => (
-                "False",
+                false,
                 Reason::PodForbidden.as_str().into(),
                 format!(
                     "the worker pod was not created ({}); next try at {at}",
@@ -224,15 +215,15 @@ fn queued(
                 ),
             ),
             None if status.attempt == 0 => {
-                ("False", "Delayed".into(), format!("waiting until {at}"))
+                (false, reason::DELAYED.into(), format!("waiting until {at}"))
             }
-            None => ("False", "Backoff".into(), format!("waiting until {at}")),
+            None => (false, reason::BACKOFF.into(), format!("waiting until {at}")),
         };
     }
     if let Some((pod, attempt)) = fenced {
         return (
-            "True",
-            "WorkerTerminating".into(),
+            true,
+            reason::WORKER_TERMINATING.into(),
             format!("waiting for pod {pod} (attempt {attempt}) to stop"),
         );
     }
@@ -246,9 +237,9 @@ fn queued(
                 .find(|c| c.type_ == QUEUED && c.status == "True" && c.reason == reason.as_str());
             match current {
                 Some(c) if !estimate::message_moved(&c.message, message, now) => {
-                    ("True", c.reason.clone(), c.message.clone())
+                    (true, c.reason.clone(), c.message.clone())
                 }
-                _ => ("True", reason.as_str().into(), message.to_string()),
+                _ => (true, reason.as_str().into(), message.to_string()),
             }
         }
         None => {
@@ -256,45 +247,14 @@ fn queued(
             let current = status.condition(QUEUED);
             match current {
                 Some(c) if c.status == "True" && HeldReason::parse(&c.reason).is_some() => {
-                    ("True", c.reason.clone(), c.message.clone())
+                    (true, c.reason.clone(), c.message.clone())
                 }
                 _ => (
-                    "True",
+                    true,
                     HeldReason::Waiting.as_str().into(),
                     "waiting for dispatch".into(),
                 ),
             }
         }
-    }
-}
-
-/// Sets a condition; `lastTransitionTime` moves only when its status value changes.
-pub fn set_condition(
-    status: &mut AxTaskStatus,
-    type_: &str,
-    value: &str,
-    reason: &str,
-    message: &str,
-    now: Timestamp,
-    generation: Option<i64>,
-) {
-    match status.conditions.iter_mut().find(|c| c.type_ == type_) {
-        Some(c) => {
-            if c.status != value {
-                c.last_transition_time = Time(now);
-            }
-            c.status = value.into();
-            c.reason = reason.into();
-            c.message = message.into();
-            c.observed_generation = generation;
-        }
-        None => status.conditions.push(Condition {
-            type_: type_.into(),
-            status: value.into(),
-            reason: reason.into(),
-            message: message.into(),
-            last_transition_time: Time(now),
-            observed_generation: generation,
-        }),
     }
 }

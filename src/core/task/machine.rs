@@ -9,6 +9,7 @@ use super::reason::Reason;
 use super::{ACTOR_USER, ACTOR_WORKER, Clock, Decision, Inputs};
 use crate::api::{AttemptRecord, Failure, FailureKind, TaskPhase};
 use crate::core::backoff::retry_delay;
+use crate::core::conditions::CALLBACK_DELIVERED;
 use crate::core::worker::pod_name;
 
 use TaskPhase::{Canceled, Dead, Failed, Pending, Running, Scheduled, Succeeded, TimedOut};
@@ -426,7 +427,7 @@ fn rerun(d: &mut Decision, inputs: &Inputs, now: Timestamp) {
     s.next_attempt_at = None;
     s.queued_at = Some(now);
     s.soft_timeout_attempt = None;
-    s.conditions.retain(|c| c.type_ != "CallbackDelivered");
+    s.conditions.retain(|c| c.type_ != CALLBACK_DELIVERED);
     let message = format!(
         "re-run {} of {} requested (spec.rerun); the next attempt is {}",
         d.status.observed_rerun,

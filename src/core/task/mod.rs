@@ -24,7 +24,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 
 pub use classify::classify;
-pub use conditions::{CallbackResult, callback_outcome, set_condition};
+pub use conditions::{CallbackResult, callback_outcome};
 pub use machine::{LEGAL, is_legal};
 pub use observe::{
     Event, Refusal, blocks, current_pod, fence, hard_deadline, main_has_probe, next_attempt_pod,
@@ -41,6 +41,7 @@ use crate::api::{
     ATTEMPTS_CAP, AttemptRecord, AxTaskSpec, AxTaskStatus, Failure, FailureKind, HistoryEntry,
     TaskPhase,
 };
+use crate::core::conditions::CALLBACK_DELIVERED;
 use crate::core::queue::{HeldReason, Outcome};
 use crate::core::worker::WorkerState;
 
@@ -468,7 +469,7 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
             .status
             .conditions
             .iter()
-            .any(|c| c.type_ == "CallbackDelivered");
+            .any(|c| c.type_ == CALLBACK_DELIVERED);
         // The callback reports the final status: sent once no worker of the task runs.
         if spec.callback.is_some() && !delivered && fenced_pod.is_none() {
             d.actions.push(Action::SendCallback);
@@ -546,7 +547,11 @@ enum Release {
 
 /// The outcome finalizer of a pod being deleted comes off once `status` (the status written
 /// before the finalizer's removal) holds all the pod can tell: its attempt ended before (an older
-/// attempt, a retry scheduled, a terminal phase) or it is of an attempt never taken up. The current
+/// attempt, a retry scheduled, a terminal phase) or it is of an attempt never taken up by a task
+/// that has ended. A later attempt's pod of a task still going (a dispatch whose status write did
+/// not land) is that attempt: it is taken up once nothing else fences the task, and keeps its
+/// outcome until then (the chaos soak found one released while the previous attempt's pod was
+/// still being deleted: its run left no record and the attempt ran again). The current
 /// attempt's pod, Failed or TimedOut, may still report a late success: it keeps the finalizer until
 /// its main container finished, or until nothing will report on it again — never scheduled, its
 /// node gone, the deletion forced (grace 0: Kubernetes 1.20's pod GC for a deleted node, `kubectl
@@ -554,6 +559,9 @@ enum Release {
 /// is in flight the pod is still read (the decision that saw the deletion has ended it already).
 fn outcome_release(pod: &WorkerState, status: &AxTaskStatus, now: Timestamp) -> Release {
     let phase = status.phase;
+    if pod.attempt > status.attempt && !phase.is_some_and(TaskPhase::is_terminal) {
+        return Release::Keep;
+    }
     if pod.attempt != status.attempt {
         return Release::Now;
     }

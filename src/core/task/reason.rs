@@ -75,7 +75,8 @@ impl Reason {
         match self {
             Queued => "Queued",
             Delayed => "Delayed",
-            InvalidSpec => "InvalidSpec",
+            // The word of every kind's `InvalidSpec` condition.
+            InvalidSpec => crate::core::conditions::reason::INVALID_SPEC,
             Canceled => "Canceled",
             Rerun => "Rerun",
             Dispatched => "Dispatched",

@@ -16,6 +16,7 @@ use super::conditions::{
     CALLBACK_DELIVERED, CIRCUIT_OPEN, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
 };
 use crate::api::{AxTask, AxTaskStatus, Condition, Priority, TaskPhase};
+use crate::core::conditions::reason;
 use crate::core::queue::{HeldReason, PendingTask, estimate};
 use crate::core::worker::WorkerState;
 
@@ -222,7 +223,7 @@ fn canonical_conditions(
     };
     let ready_message = status.reason.as_deref().unwrap_or_default();
     let (ready_value, ready_reason) = match phase {
-        TaskPhase::Succeeded => ("True", "Succeeded"),
+        TaskPhase::Succeeded => ("True", TaskPhase::Succeeded.as_str()),
         p => ("False", p.as_str()),
     };
     status.conditions.iter().all(|c| match c.type_.as_str() {
@@ -234,9 +235,14 @@ fn canonical_conditions(
             QueuedAs::Delayed => c.observed_generation == generation,
             QueuedAs::Finished => is(c, "False", phase.as_str(), ""),
         },
-        CIRCUIT_OPEN => is(c, "False", "NotHeld", "no longer held by an open circuit"),
-        WORKER_TERMINATING => is(c, "False", "PodsStopped", ""),
-        RERUN_REQUESTED => is(c, "False", "RerunStarted", ""),
+        CIRCUIT_OPEN => is(
+            c,
+            "False",
+            reason::NOT_HELD,
+            "no longer held by an open circuit",
+        ),
+        WORKER_TERMINATING => is(c, "False", reason::PODS_STOPPED, ""),
+        RERUN_REQUESTED => is(c, "False", reason::RERUN_STARTED, ""),
         CALLBACK_DELIVERED => phase.is_terminal(),
         _ => false,
     }) && has(status, READY)

@@ -680,6 +680,36 @@ fn a_next_attempts_pod_being_deleted_is_taken_up_and_fails_as_infrastructure() {
     );
 }
 
+/// What the 3,000-task soak found: the previous attempt's pod was still being deleted (pod GC)
+/// when the next attempt's pod, from a dispatch whose status write did not land, finished and was
+/// deleted too. The first pod fences the task, so the second is not taken up yet; its outcome
+/// finalizer must stay until it is, or its run leaves no record and the attempt runs again.
+#[test]
+fn a_next_attempts_pod_keeps_its_outcome_while_an_older_pod_fences_the_task() {
+    let s = spec();
+    let mut status = at(&s, &running(&s), &[pod(1, Exited(1))], t(5)).status;
+    assert_eq!(status.phase, Some(Pending));
+    status.next_attempt_at = Some(t(8));
+    let older = deleting(pod(1, Exited(1)), 0);
+    let next = with_finalizer(deleting(pod(2, Exited(1)), 0));
+    let fenced = granted(&s, &status, &[older, next.clone()], t(10));
+    assert_eq!(fenced.status.attempt, 1, "not taken up while fenced");
+    assert!(!removes_finalizer(&fenced, 2), "{:?}", fenced.actions);
+
+    let taken = granted(&s, &status, std::slice::from_ref(&next), t(11));
+    assert_eq!(taken.status.attempt, 2, "{:#?}", taken.transitions);
+    assert_eq!(
+        taken.status.last_failure.as_ref().map(|f| f.kind),
+        Some(FailureKind::Infrastructure)
+    );
+    assert!(removes_finalizer(&taken, 2), "recorded, so it may go");
+
+    // A task that ended never takes it up: nothing to keep it for.
+    let mut canceled = status.clone();
+    canceled.phase = Some(Canceled);
+    assert!(removes_finalizer(&at(&s, &canceled, &[next], t(12)), 2));
+}
+
 #[test]
 fn cancel_shows_canceled_at_once_and_the_condition_stays_until_the_pod_is_gone() {
     let mut s = spec();

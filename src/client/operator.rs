@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::Api;
 
 use super::ctx::Ctx;
-use super::error::{CliError, Op, Resource, from_kube};
+use super::error::{ClientError, Op, Resource, from_kube};
 use super::format::human;
 
 /// What the Lease says about the operator.
@@ -26,7 +26,7 @@ pub enum OperatorState {
 }
 
 impl OperatorState {
-    /// The reason for `CliError::OperatorNotRunning`, or None when the operator is (or may be) up.
+    /// The reason for `ClientError::OperatorNotRunning`, or None when the operator is (or may be) up.
     pub fn not_running_because(&self) -> Option<String> {
         match self {
             OperatorState::Running { .. } | OperatorState::Unknown(_) => None,
@@ -93,7 +93,7 @@ pub fn lease_state(spec: Option<&LeaseSpec>, now: Timestamp) -> OperatorState {
 }
 
 /// Reads the operator's Lease.
-pub async fn state(ctx: &Ctx) -> Result<OperatorState, CliError> {
+pub async fn state(ctx: &Ctx) -> Result<OperatorState, ClientError> {
     let namespace = &ctx.global.operator_namespace;
     let name = &ctx.global.operator_lease;
     let api: Api<Lease> = Api::namespaced(ctx.client.clone(), namespace);
@@ -105,7 +105,7 @@ pub async fn state(ctx: &Ctx) -> Result<OperatorState, CliError> {
         Ok(None) => Ok(OperatorState::Missing),
         Err(e) => match from_kube(&op, e) {
             // Most users may not read the operator's namespace: then we cannot tell, and go on.
-            CliError::Forbidden { .. } => Ok(OperatorState::Unknown(format!(
+            ClientError::Forbidden { .. } => Ok(OperatorState::Unknown(format!(
                 "no permission to read Lease {namespace}/{name}"
             ))),
             other => Err(other),
@@ -119,7 +119,7 @@ const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Fails with `OperatorNotRunning` when the Lease shows no live operator for `GRACE` (skipped
 /// with `--skip-operator-check`).
-pub async fn check(ctx: &Ctx) -> Result<(), CliError> {
+pub async fn check(ctx: &Ctx) -> Result<(), ClientError> {
     if ctx.global.skip_operator_check {
         return Ok(());
     }
@@ -130,7 +130,7 @@ pub async fn check(ctx: &Ctx) -> Result<(), CliError> {
             return Ok(());
         };
         if std::time::Instant::now() >= deadline {
-            return Err(CliError::OperatorNotRunning {
+            return Err(ClientError::OperatorNotRunning {
                 namespace: ctx.global.operator_namespace.clone(),
                 lease: ctx.global.operator_lease.clone(),
                 why,

@@ -1,9 +1,12 @@
-//! Errors of `kubectl ax`, each one line a person can act on, and the classification of API server
-//! failures into them (no client required: `classify` is a pure function of the response).
+//! Errors of `kubectl ax` and its console, each one line a person can act on, and the
+//! classification of API server failures into them (no client required: `classify` is a pure
+//! function of the response).
 
 use std::fmt;
 
-/// A kind of object the CLI reads or writes, named as kubectl names it.
+use kube::runtime::watcher;
+
+/// A kind of object the front ends read or write, named as kubectl names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Resource {
     Task,
@@ -91,8 +94,10 @@ impl Op {
     }
 }
 
+/// Why a front end could not do what it was asked: a classified API failure, or bad input, an
+/// unmet wait, an unwritable output.
 #[derive(Debug, PartialEq, Eq)]
-pub enum CliError {
+pub enum ClientError {
     /// The named object does not exist where we looked.
     NotFound {
         resource: Resource,
@@ -132,10 +137,10 @@ pub enum CliError {
     Io(String),
 }
 
-impl fmt::Display for CliError {
+impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let text = match self {
-            CliError::NotFound {
+            ClientError::NotFound {
                 resource,
                 name,
                 namespace,
@@ -146,7 +151,7 @@ impl fmt::Display for CliError {
                 ),
                 None => format!("{} \"{name}\" not found", resource.singular()),
             },
-            CliError::Forbidden { op, user } => {
+            ClientError::Forbidden { op, user } => {
                 let who = user
                     .as_deref()
                     .map(|u| format!(" as \"{u}\""))
@@ -158,28 +163,28 @@ impl fmt::Display for CliError {
                     op.scope()
                 )
             }
-            CliError::CrdsMissing { resource } => format!(
+            ClientError::CrdsMissing { resource } => format!(
                 "the API server does not serve {}: the ax CRDs are not installed (kubectl apply --server-side -f crds/, or helm install charts/ax-operator)",
                 resource.qualified()
             ),
-            CliError::OperatorNotRunning {
+            ClientError::OperatorNotRunning {
                 namespace,
                 lease,
                 why,
             } => format!(
                 "the ax operator is not running: Lease {namespace}/{lease} {why}; nothing would act on this (start the operator, or point --operator-namespace/--operator-lease at it)"
             ),
-            CliError::Unauthorized => {
+            ClientError::Unauthorized => {
                 "the API server rejected the credentials (401 Unauthorized): check the kubeconfig's user or token".into()
             }
-            CliError::Unreachable(why) => format!("cannot reach the API server: {why}"),
-            CliError::Config(why) => format!("kubeconfig: {why}"),
-            CliError::Usage(why) => why.clone(),
-            CliError::NotMet(why) => why.clone(),
-            CliError::Partial { failed, total } => {
+            ClientError::Unreachable(why) => format!("cannot reach the API server: {why}"),
+            ClientError::Config(why) => format!("kubeconfig: {why}"),
+            ClientError::Usage(why) => why.clone(),
+            ClientError::NotMet(why) => why.clone(),
+            ClientError::Partial { failed, total } => {
                 format!("{failed} of {total} failed (see above)")
             }
-            CliError::Api {
+            ClientError::Api {
                 op,
                 code,
                 reason,
@@ -197,17 +202,17 @@ impl fmt::Display for CliError {
                     op.scope()
                 )
             }
-            CliError::Io(why) => format!("writing output: {why}"),
+            ClientError::Io(why) => format!("writing output: {why}"),
         };
         f.write_str(&one_line(&text))
     }
 }
 
-impl std::error::Error for CliError {}
+impl std::error::Error for ClientError {}
 
-impl From<std::io::Error> for CliError {
+impl From<std::io::Error> for ClientError {
     fn from(e: std::io::Error) -> Self {
-        CliError::Io(e.to_string())
+        ClientError::Io(e.to_string())
     }
 }
 
@@ -229,26 +234,26 @@ pub struct Failure {
 /// The error for a failed call. A 404 naming the object means the object is missing; a 404
 /// without (the plain "404 page not found" of an unknown API path, or a Status with empty
 /// details) means the resource is not served, i.e. the CRDs are not installed.
-pub fn classify(op: &Op, failure: &Failure) -> CliError {
+pub fn classify(op: &Op, failure: &Failure) -> ClientError {
     match failure.code {
-        401 => CliError::Unauthorized,
-        403 => CliError::Forbidden {
+        401 => ClientError::Unauthorized,
+        403 => ClientError::Forbidden {
             op: op.clone(),
             user: forbidden_user(&failure.message),
         },
         404 if op.resource.is_custom()
             && (op.name.is_none() || failure.details_name.is_empty()) =>
         {
-            CliError::CrdsMissing {
+            ClientError::CrdsMissing {
                 resource: op.resource,
             }
         }
-        404 if op.name.is_some() => CliError::NotFound {
+        404 if op.name.is_some() => ClientError::NotFound {
             resource: op.resource,
             name: op.name.clone().unwrap_or_default(),
             namespace: op.namespace.clone(),
         },
-        code => CliError::Api {
+        code => ClientError::Api {
             op: op.clone(),
             code,
             reason: failure.reason.clone(),
@@ -264,7 +269,7 @@ pub fn forbidden_user(message: &str) -> Option<String> {
 }
 
 /// The error for any failure of a kube call.
-pub fn from_kube(op: &Op, error: kube::Error) -> CliError {
+pub fn from_kube(op: &Op, error: kube::Error) -> ClientError {
     match error {
         kube::Error::Api(status) => classify(
             op,
@@ -279,8 +284,19 @@ pub fn from_kube(op: &Op, error: kube::Error) -> CliError {
                     .unwrap_or_default(),
             },
         ),
-        kube::Error::Auth(e) => CliError::Config(e.to_string()),
-        other => CliError::Unreachable(error_chain(&other)),
+        kube::Error::Auth(e) => ClientError::Config(e.to_string()),
+        other => ClientError::Unreachable(error_chain(&other)),
+    }
+}
+
+/// A watch failure; the first one usually says why nothing can be watched (403, missing CRDs).
+pub fn watch_error(op: &Op, error: watcher::Error) -> ClientError {
+    match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => from_kube(op, e),
+        watcher::Error::WatchError(status) => from_kube(op, kube::Error::Api(status)),
+        other => ClientError::Unreachable(other.to_string()),
     }
 }
 
@@ -320,7 +336,7 @@ mod tests {
         let e = classify(&op_get_task(), &failure);
         assert_eq!(
             e,
-            CliError::NotFound {
+            ClientError::NotFound {
                 resource: Resource::Task,
                 name: "nightly".into(),
                 namespace: Some("team-a".into()),
@@ -347,7 +363,7 @@ mod tests {
             let e = classify(&op, &failure);
             assert_eq!(
                 e,
-                CliError::CrdsMissing {
+                ClientError::CrdsMissing {
                     resource: op.resource
                 }
             );
@@ -368,7 +384,7 @@ mod tests {
                 ..Failure::default()
             },
         );
-        assert!(matches!(e, CliError::NotFound { .. }), "{e:?}");
+        assert!(matches!(e, ClientError::NotFound { .. }), "{e:?}");
     }
 
     #[test]
@@ -430,14 +446,14 @@ mod tests {
     #[test]
     fn every_error_is_one_line() {
         let errors = [
-            CliError::Usage("a\nb".into()),
-            CliError::Unreachable("x\n y".into()),
-            CliError::OperatorNotRunning {
+            ClientError::Usage("a\nb".into()),
+            ClientError::Unreachable("x\n y".into()),
+            ClientError::OperatorNotRunning {
                 namespace: "ax-system".into(),
                 lease: "ax-operator".into(),
                 why: "has no holder".into(),
             },
-            CliError::Partial {
+            ClientError::Partial {
                 failed: 1,
                 total: 3,
             },

@@ -1,14 +1,53 @@
-//! The connection of one `kubectl ax` run (client required): the user's kubeconfig and context,
-//! the namespace to look in, and reads of ax objects that turn failures into `CliError`s.
+//! The connection of one `kubectl ax` run, and of the console it starts (client required): the
+//! user's kubeconfig and context as the global flags name them, the namespace to look in, and
+//! reads of ax objects that turn failures into `ClientError`s.
 
+use std::path::PathBuf;
+
+use clap::Args;
 use kube::api::{ListParams, ObjectList};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 use crate::api::{AxDag, AxQueue, AxTask};
 
-use super::args::GlobalArgs;
-use super::error::{CliError, Op, Resource, error_chain, from_kube};
+use super::error::{ClientError, Op, Resource, error_chain, from_kube};
+
+/// Where to connect, and where to look.
+#[derive(Args, Debug, Clone, Default)]
+pub struct GlobalArgs {
+    /// Namespace of the tasks (default: the kubeconfig context's namespace, else `default`).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// Every namespace (list, retry/cancel by selector, top is cluster-wide anyway).
+    #[arg(short = 'A', long, global = true)]
+    pub all_namespaces: bool,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Path of the kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the operator's leader-election Lease, checked before acting.
+    #[arg(
+        long,
+        global = true,
+        env = "AX_OPERATOR_NAMESPACE",
+        default_value = "ax-system"
+    )]
+    pub operator_namespace: String,
+    /// Name of the operator's leader-election Lease.
+    #[arg(
+        long,
+        global = true,
+        env = "AX_OPERATOR_LEASE",
+        default_value = "ax-operator"
+    )]
+    pub operator_lease: String,
+    /// Act even when the operator's Lease shows no live operator.
+    #[arg(long, global = true)]
+    pub skip_operator_check: bool,
+}
 
 pub struct Ctx {
     pub client: Client,
@@ -20,7 +59,7 @@ pub struct Ctx {
 impl Ctx {
     /// A client from `--kubeconfig`/`--context`, else kube's usual inference ($KUBECONFIG,
     /// ~/.kube/config, in-cluster).
-    pub async fn connect(global: &GlobalArgs) -> Result<Ctx, CliError> {
+    pub async fn connect(global: &GlobalArgs) -> Result<Ctx, ClientError> {
         let options = KubeConfigOptions {
             context: global.context.clone(),
             ..KubeConfigOptions::default()
@@ -28,23 +67,23 @@ impl Ctx {
         let config = match (&global.kubeconfig, &global.context) {
             (Some(path), _) => {
                 let kubeconfig = Kubeconfig::read_from(path)
-                    .map_err(|e| CliError::Config(format!("{}: {}", path.display(), e)))?;
+                    .map_err(|e| ClientError::Config(format!("{}: {}", path.display(), e)))?;
                 Config::from_custom_kubeconfig(kubeconfig, &options)
                     .await
-                    .map_err(|e| CliError::Config(error_chain(&e)))?
+                    .map_err(|e| ClientError::Config(error_chain(&e)))?
             }
             (None, Some(_)) => Config::from_kubeconfig(&options)
                 .await
-                .map_err(|e| CliError::Config(error_chain(&e)))?,
+                .map_err(|e| ClientError::Config(error_chain(&e)))?,
             (None, None) => Config::infer()
                 .await
-                .map_err(|e| CliError::Config(error_chain(&e)))?,
+                .map_err(|e| ClientError::Config(error_chain(&e)))?,
         };
         let namespace = global
             .namespace
             .clone()
             .unwrap_or_else(|| config.default_namespace.clone());
-        let client = Client::try_from(config).map_err(|e| CliError::Config(error_chain(&e)))?;
+        let client = Client::try_from(config).map_err(|e| ClientError::Config(error_chain(&e)))?;
         Ok(Ctx {
             client,
             namespace,
@@ -76,7 +115,7 @@ impl Ctx {
     }
 
     /// The task, or `NotFound` naming the namespace searched.
-    pub async fn get_task(&self, name: &str) -> Result<AxTask, CliError> {
+    pub async fn get_task(&self, name: &str) -> Result<AxTask, ClientError> {
         let op = Op::new("get", Resource::Task)
             .namespace(Some(&self.namespace))
             .name(name);
@@ -86,7 +125,7 @@ impl Ctx {
             .map_err(|e| from_kube(&op, e))
     }
 
-    pub async fn get_dag(&self, name: &str) -> Result<AxDag, CliError> {
+    pub async fn get_dag(&self, name: &str) -> Result<AxDag, ClientError> {
         let op = Op::new("get", Resource::Dag)
             .namespace(Some(&self.namespace))
             .name(name);
@@ -97,7 +136,10 @@ impl Ctx {
     }
 
     /// Tasks in the namespace (or all with `-A`) matching the label selector.
-    pub async fn list_tasks(&self, selector: Option<&str>) -> Result<ObjectList<AxTask>, CliError> {
+    pub async fn list_tasks(
+        &self,
+        selector: Option<&str>,
+    ) -> Result<ObjectList<AxTask>, ClientError> {
         let namespace = self.list_namespace();
         let op = Op::new("list", Resource::Task).namespace(namespace);
         let mut params = ListParams::default();
@@ -108,13 +150,5 @@ impl Ctx {
             .list(&params)
             .await
             .map_err(|e| from_kube(&op, e))
-    }
-}
-
-/// A task's namespace and name as `ns/name`, or just the name when only one namespace is shown.
-pub fn qualified_name(namespace: Option<&str>, name: &str, all_namespaces: bool) -> String {
-    match namespace {
-        Some(ns) if all_namespaces => format!("{ns}/{name}"),
-        _ => name.to_owned(),
     }
 }
