@@ -48,7 +48,7 @@ async fn wait_lease_expired(client: &Client) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let lease = leases.get_opt("ax-operator").await.unwrap();
-        let state = ax::cli::operator::lease_state(
+        let state = ax::client::operator::lease_state(
             lease.and_then(|l| l.spec).as_ref(),
             jiff::Timestamp::now(),
         );

@@ -18,15 +18,13 @@ pub mod target;
 pub mod top;
 pub mod wait;
 
-// tests/ name the Lease check here; issue 26: to be removed once they name `ax::client::operator`.
-pub use crate::client::operator;
-
 use std::io::Write;
 
 use clap::CommandFactory;
 
 use crate::client::ctx::Ctx;
 use crate::client::error::{self, ClientError};
+use crate::client::operator;
 
 use args::{Cli, Command, Shell};
 

@@ -102,7 +102,7 @@ pub async fn operator_leading(client: &kube::Client) {
             .get_opt("ax-operator")
             .await
             .expect("read the operator Lease");
-        let state = ax::cli::operator::lease_state(
+        let state = ax::client::operator::lease_state(
             lease.and_then(|l| l.spec).as_ref(),
             jiff::Timestamp::now(),
         );
