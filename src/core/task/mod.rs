@@ -547,11 +547,12 @@ enum Release {
 
 /// The outcome finalizer of a pod being deleted comes off once `status` (the status written
 /// before the finalizer's removal) holds all the pod can tell: its attempt ended before (an older
-/// attempt, a retry scheduled, a terminal phase) or it is of an attempt never taken up by a task
-/// that has ended. A later attempt's pod of a task still going (a dispatch whose status write did
+/// attempt, a retry scheduled, a terminal phase) or it is of an attempt that will not be taken up.
+/// The next attempt's pod of a Pending task whose wait is over (a dispatch whose status write did
 /// not land) is that attempt: it is taken up once nothing else fences the task, and keeps its
 /// outcome until then (the chaos soak found one released while the previous attempt's pod was
-/// still being deleted: its run left no record and the attempt ran again). The current
+/// still being deleted: its run left no record and the attempt ran again); one made while the task
+/// still waits (its backoff, `startAfter`) is stopped instead, and goes. The current
 /// attempt's pod, Failed or TimedOut, may still report a late success: it keeps the finalizer until
 /// its main container finished, or until nothing will report on it again — never scheduled, its
 /// node gone, the deletion forced (grace 0: Kubernetes 1.20's pod GC for a deleted node, `kubectl
@@ -559,11 +560,15 @@ enum Release {
 /// is in flight the pod is still read (the decision that saw the deletion has ended it already).
 fn outcome_release(pod: &WorkerState, status: &AxTaskStatus, now: Timestamp) -> Release {
     let phase = status.phase;
-    if pod.attempt > status.attempt && !phase.is_some_and(TaskPhase::is_terminal) {
-        return Release::Keep;
-    }
     if pod.attempt != status.attempt {
-        return Release::Now;
+        let taken_up_once_unfenced = pod.attempt == status.attempt + 1
+            && phase == Some(TaskPhase::Pending)
+            && !status.next_attempt_at.is_some_and(|at| at > now);
+        return if taken_up_once_unfenced {
+            Release::Keep
+        } else {
+            Release::Now
+        };
     }
     match phase {
         Some(p) if p.has_worker() => Release::Keep,

@@ -707,7 +707,16 @@ fn a_next_attempts_pod_keeps_its_outcome_while_an_older_pod_fences_the_task() {
     // A task that ended never takes it up: nothing to keep it for.
     let mut canceled = status.clone();
     canceled.phase = Some(Canceled);
-    assert!(removes_finalizer(&at(&s, &canceled, &[next], t(12)), 2));
+    assert!(removes_finalizer(
+        &at(&s, &canceled, std::slice::from_ref(&next), t(12)),
+        2
+    ));
+    // Nor one still in its wait: the pod is stopped, not taken up, and must be free to go.
+    let mut waiting = status.clone();
+    waiting.next_attempt_at = Some(t(60));
+    let early = granted(&s, &waiting, &[next], t(12));
+    assert_eq!(early.status.attempt, 1);
+    assert!(removes_finalizer(&early, 2), "{:?}", early.actions);
 }
 
 #[test]
