@@ -492,8 +492,9 @@ async fn a_dispatch_pod_deleted_before_its_status_landed_is_recorded_as_its_atte
 /// the next attempt's pod of a dispatch whose status write did not land. While the first one was
 /// still being deleted it fenced the task, so the second was not taken up yet — and its outcome
 /// finalizer came off at once: its run left no record and the attempt ran again under the same
-/// name. Here attempt 1's pod is held in deletion by a finalizer of the test's, and attempt 2's pod
-/// is made by hand (hidden from the operator until it is being deleted, as in the test above).
+/// name. Here attempt 1's pod is held in deletion by a finalizer of the test's past the retry's
+/// backoff, and attempt 2's pod is made by hand (hidden from the operator until it is being
+/// deleted, as in the test above).
 #[tokio::test]
 async fn a_next_attempts_pod_keeps_its_outcome_while_the_previous_pod_is_still_being_deleted() {
     let client = client().await;
@@ -501,7 +502,7 @@ async fn a_next_attempts_pod_keeps_its_outcome_while_the_previous_pod_is_still_b
     let audit = common::audit::audit(&client, &ns);
     let worker = SimWorker::running_for(1500).start_ms(200).exit_code(1);
     let t = sim_task_with("fenced", "loss", &worker, |v| {
-        v["spec"]["retry"] = json!({"maxRetries": 3, "backoff": {"baseSeconds": 20}});
+        v["spec"]["retry"] = json!({"maxRetries": 3, "backoff": {"baseSeconds": 5}});
     });
     create(&client, &ns, &t).await;
     const HOLD: &str = "e2e.ax.dev/hold";
@@ -525,10 +526,17 @@ async fn a_next_attempts_pod_keeps_its_outcome_while_the_previous_pod_is_still_b
         phase(t) == Some(TaskPhase::Pending) && t.status.as_ref().is_some_and(|s| s.attempt == 1)
     })
     .await;
-    // Attempt 1's pod stays being deleted: it fences the task.
+    // Attempt 1's pod stays being deleted: it fences the task, past its backoff.
     pods.delete("fenced-1", &DeleteParams::default())
         .await
         .unwrap();
+    let retry_at = waiting
+        .status
+        .as_ref()
+        .and_then(|s| s.next_attempt_at)
+        .unwrap();
+    let wait = retry_at.duration_since(jiff::Timestamp::now());
+    tokio::time::sleep(Duration::try_from(wait).unwrap_or_default() + Duration::from_secs(1)).await;
 
     let mut made = ax::core::worker::build_pod(&waiting, 2, "{}");
     let labels = made.metadata.labels.as_mut().unwrap();
