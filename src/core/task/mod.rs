@@ -563,7 +563,7 @@ fn outcome_release(pod: &WorkerState, status: &AxTaskStatus, now: Timestamp) -> 
     if pod.attempt != status.attempt {
         let taken_up_once_unfenced = pod.attempt == status.attempt + 1
             && phase == Some(TaskPhase::Pending)
-            && !status.next_attempt_at.is_some_and(|at| at > now);
+            && status.next_attempt_at.is_none_or(|at| at <= now);
         return if taken_up_once_unfenced {
             Release::Keep
         } else {
