@@ -520,6 +520,34 @@ pub fn pod(p: &mut Pod) {
     }
 }
 
+/// The resourceVersion of an object as a number (etcd makes it a counter).
+pub fn version_of<K: kube::Resource>(object: &K) -> Option<u64> {
+    object.meta().resource_version.as_deref()?.parse().ok()
+}
+
+/// Whether a cache has completed its first list, without waiting for it. Never await
+/// `Store::wait_until_ready` instead: kube-runtime 5.0 wakes only the last of several waiters, and
+/// the others would wait for good.
+pub fn cache_listed<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    use futures::FutureExt;
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// Waits until a cache has completed its first list (polling, see [`cache_listed`]).
+pub async fn cache_synced<K>(store: &kube::runtime::reflector::Store<K>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    while !cache_listed(store) {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,7 +95,7 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     let controller = Controller::new(crons, watcher::Config::default().any_semantic())
         .owns_stream(task_events)
         .owns_stream(dag_events)
-        .with_config(super::controller_config())
+        .with_config(super::run::controller_config())
         .shutdown_on_signal();
     let ctx = Arc::new(CronContext {
         client,

@@ -141,7 +141,7 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
     .touched_objects();
     let controller = Controller::for_stream(dag_events, dags)
         .owns_stream(child_events)
-        .with_config(super::controller_config())
+        .with_config(super::run::controller_config())
         .shutdown_on_signal();
     let ctx = Arc::new(DagContext {
         client,

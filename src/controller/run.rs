@@ -24,6 +24,14 @@ use crate::api::AxQueue;
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
 
+/// Reconciles of one controller in flight at once. The client speaks HTTP/1.1, so every request
+/// in flight holds a TLS connection to the API server: unbounded, a backlog of 100,000 new tasks
+/// opened ~700 connections and queued thousands of writes the API server could not serve (504s).
+/// A few dozen keep a 2-core API server busy; the rest wait in the controller's queue, deduplicated.
+pub fn controller_config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(32)
+}
+
 pub struct Settings {
     /// `spec.concurrency` of the `default` AxQueue when the operator creates it.
     pub default_queue_concurrency: u32,
@@ -126,7 +134,7 @@ pub async fn run(
     let controller = Controller::for_stream(task_events, tasks)
         .owns_stream(pod_events)
         .reconcile_on(woken)
-        .with_config(super::controller_config());
+        .with_config(controller_config());
 
     let node_task = tokio::spawn(node_watch);
     tokio::spawn(report_caches_synced(ctx.clone(), settings.caches_synced));

@@ -20,11 +20,14 @@
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 
-use super::{Error, FIELD_MANAGER, Result};
+use super::{Error, Result};
 use crate::api::{
     AxCron, AxCronStatus, AxDag, AxDagStatus, AxQueue, AxQueueStatus, AxTask, AxTaskStatus,
     PendingChild,
 };
+
+/// The field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "ax-operator";
 
 /// What an API error means for the operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
