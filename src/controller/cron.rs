@@ -9,8 +9,8 @@
 //! already (a TTL of 0); a child's name is its scheduled time, so a recorded firing created again
 //! after a crash meets the existing child (409).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -26,6 +26,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::events::Events;
+use super::expected::{Expected, Sight};
 use super::owner_index::OwnerIndex;
 use super::write::{self, ApiError, api_message};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
@@ -44,9 +45,6 @@ use crate::ops::metrics::Metrics;
 /// The `controller` label of the reconcile metrics.
 const CONTROLLER: &str = "axcron";
 
-/// How long a child this process created counts while the cache has not shown it yet.
-const EXPECTATION_TTL: Duration = Duration::from_secs(60);
-
 /// Longest sleep between two reconciles of a cron, whatever its schedule: the status (active
 /// children) is refreshed by child events anyway; this bounds the damage of a lost timer.
 const MAX_SLEEP: Duration = Duration::from_secs(600);
@@ -62,14 +60,11 @@ pub struct CronContext {
     pub tasks_by_owner: Arc<OwnerIndex>,
     pub dags_by_owner: Arc<OwnerIndex>,
     pub metrics: Arc<Metrics>,
-    expected: Mutex<Expected>,
+    /// Children created and not yet in `tasks`/`dags`, by cron uid: name -> scheduled time.
+    expected: Expected<String, Timestamp>,
 }
 
 type CronCtx = Arc<CronContext>;
-
-/// Per cron uid, the children this process created that the cache has not shown yet: name ->
-/// (scheduled time, when created).
-type Expected = HashMap<String, HashMap<String, (Timestamp, Instant)>>;
 
 /// Runs the AxCron controller until a shutdown signal.
 pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
@@ -105,7 +100,7 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
         tasks_by_owner,
         dags_by_owner,
         metrics,
-        expected: Mutex::new(HashMap::new()),
+        expected: Expected::default(),
     });
     info!("AxCron controller running");
     controller
@@ -237,10 +232,9 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
     for firing in &create {
         match create_child(&cron, &uid, firing, &ctx).await? {
             Created::Yes => {
-                ctx.expected()
-                    .entry(uid.clone())
-                    .or_default()
-                    .insert(firing.name.clone(), (firing.scheduled, Instant::now()));
+                let now = Instant::now();
+                ctx.expected
+                    .created(&uid, &firing.name, firing.scheduled, now);
                 publish_fired(&cron, &schedule, firing, &ctx);
             }
             Created::Existed => {}
@@ -266,14 +260,6 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
         }
         None => Requeue::await_change(),
     })
-}
-
-impl CronContext {
-    fn expected(&self) -> std::sync::MutexGuard<'_, Expected> {
-        self.expected
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 /// The children of this cron in the caches: AxTasks and AxDags in its namespace whose controller
@@ -359,37 +345,32 @@ fn add_expected(
     children: &mut Vec<ChildState>,
     ctx: &CronCtx,
 ) {
-    let mut expected = ctx.expected();
     let now = Instant::now();
-    expected.retain(|cron_uid, names| {
-        let own = cron_uid == uid;
-        names.retain(|name, (_, created)| {
-            if own && recorded.iter().any(|f| &f.name == name) {
-                return true;
-            }
-            let seen = own && children.iter().any(|c| &c.name == name);
-            !seen && now.duration_since(*created) < EXPECTATION_TTL
-        });
-        !names.is_empty()
-    });
     // Seen while pending (after a restart, created by the process before): kept the same way.
     for firing in recorded {
         if children.iter().any(|c| c.name == firing.name) {
-            expected
-                .entry(uid.to_owned())
-                .or_default()
-                .entry(firing.name.clone())
-                .or_insert((firing.scheduled, now));
+            ctx.expected
+                .keep(&uid.to_owned(), &firing.name, firing.scheduled, now);
         }
     }
-    if let Some(names) = expected.get(uid) {
-        for (name, (scheduled, _)) in names {
-            if children.iter().any(|c| &c.name == name) {
+    let sight = |name: &str, _: &Timestamp| {
+        if recorded.iter().any(|f| f.name == name) {
+            Sight::Held
+        } else if children.iter().any(|c| c.name == name) {
+            Sight::Seen
+        } else {
+            Sight::NotSeen
+        }
+    };
+    let pending = ctx.expected.pending(&uid.to_owned(), now, sight);
+    if !pending.is_empty() {
+        for (name, scheduled) in pending {
+            if children.iter().any(|c| c.name == name) {
                 continue;
             }
             children.push(ChildState {
-                name: name.clone(),
-                scheduled: *scheduled,
+                name,
+                scheduled,
                 kind,
                 outcome: Outcome::Active,
                 canceling: false,

@@ -5,7 +5,7 @@
 //! `ax.dev/dag`), never by polling.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -20,6 +20,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::events::Events;
+use super::expected::{EXPECTATION_TTL, Expected, Sight};
 use super::owner_index::OwnerIndex;
 use super::write::{self, ApiError};
 use super::{Error, FIELD_MANAGER, Result, cache, readable};
@@ -33,11 +34,6 @@ use crate::core::dag::status::{
 };
 use crate::core::dag::{self as core, DagNode};
 use crate::ops::metrics::Metrics;
-
-/// How long a child this process created counts as existing while the cache has not shown it yet.
-/// Long enough for any watch lag; short enough that a child deleted before the cache ever saw it
-/// is created again soon.
-const EXPECTATION_TTL: Duration = Duration::from_secs(60);
 
 /// How soon to look again when a child's name is taken by an object this DAG does not own.
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(30);
@@ -57,55 +53,9 @@ pub struct DagContext {
     /// `children` by the uid of their controller.
     pub children_by_owner: Arc<OwnerIndex>,
     pub metrics: Arc<Metrics>,
-    expected: Mutex<Expectations>,
-}
-
-impl DagContext {
-    fn expected(&self) -> std::sync::MutexGuard<'_, Expectations> {
-        self.expected
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// Per DAG uid, the children (by task name) this process created and the cache has not shown yet,
-/// with when they were created. Without it a reconcile on a lagging cache would count fewer
-/// children at work than there are, and exceed `parallelism`.
-#[derive(Debug, Default)]
-struct Expectations(HashMap<String, HashMap<String, Instant>>);
-
-impl Expectations {
-    fn created(&mut self, dag_uid: &str, task: &str, now: Instant) {
-        self.0
-            .entry(dag_uid.to_owned())
-            .or_default()
-            .insert(task.to_owned(), now);
-    }
-
-    /// `phases` holds the children of DAG `dag_uid` the cache has. Forgets the expectations the
-    /// cache now meets and those too old (of every DAG, so deleted DAGs do not stay), and adds the
-    /// remaining ones of this DAG to `phases` as Pending. Returns whether any remain.
-    fn fill_in(
-        &mut self,
-        dag_uid: &str,
-        phases: &mut HashMap<String, TaskPhase>,
-        now: Instant,
-    ) -> bool {
-        self.0.retain(|uid, tasks| {
-            tasks.retain(|task, created| {
-                let seen = uid == dag_uid && phases.contains_key(task);
-                !seen && now.duration_since(*created) < EXPECTATION_TTL
-            });
-            !tasks.is_empty()
-        });
-        let Some(tasks) = self.0.get(dag_uid) else {
-            return false;
-        };
-        for task in tasks.keys() {
-            phases.insert(task.clone(), TaskPhase::Pending);
-        }
-        true
-    }
+    /// Children created and not yet in `children`, by DAG uid: without them a reconcile on a
+    /// lagging cache would count fewer children at work than there are, and exceed `parallelism`.
+    expected: Expected<String, ()>,
 }
 
 type DagCtx = Arc<DagContext>;
@@ -149,7 +99,7 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
         children,
         children_by_owner,
         metrics,
-        expected: Mutex::new(Expectations::default()),
+        expected: Expected::default(),
     });
     let dags = controller.store();
     let sweep = tokio::spawn(free_orphans(ctx.clone(), dags));
@@ -246,7 +196,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
         // Its re-run request is in; the child's own reconcile takes it from there.
         phases.insert(task.clone(), TaskPhase::Pending);
     }
-    let waiting_for_cache = ctx.expected().fill_in(&uid, &mut phases, Instant::now());
+    let waiting_for_cache = fill_in_expected(&ctx.expected, &uid, &mut phases);
     remember_finished_children(&before, &mut phases);
 
     let policy = dag.spec.failure_policy;
@@ -293,7 +243,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     for task in &create {
         let spec = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
         match create_child(&dag, &uid, &graph.child_name(task), task, spec, &ctx).await? {
-            Created::Yes => ctx.expected().created(&uid, task, Instant::now()),
+            Created::Yes => ctx.expected.created(&uid, task, (), Instant::now()),
             Created::NameTaken => name_taken = true,
         }
     }
@@ -403,6 +353,25 @@ fn is_controlled_by(child: &AxTask, uid: &str) -> bool {
         .owner_references()
         .iter()
         .any(|owner| owner.uid == uid && owner.controller == Some(true))
+}
+
+/// Adds the children this process created that the cache does not show yet to `phases`, as
+/// Pending. Returns whether any remain.
+fn fill_in_expected(
+    expected: &Expected<String, ()>,
+    dag_uid: &String,
+    phases: &mut HashMap<String, TaskPhase>,
+) -> bool {
+    let sight = |task: &str, _: &()| match phases.contains_key(task) {
+        true => Sight::Seen,
+        false => Sight::NotSeen,
+    };
+    let pending = expected.pending(dag_uid, Instant::now(), sight);
+    let any = !pending.is_empty();
+    for (task, ()) in pending {
+        phases.insert(task, TaskPhase::Pending);
+    }
+    any
 }
 
 fn child_phases(children: &HashMap<String, Arc<AxTask>>) -> HashMap<String, TaskPhase> {
@@ -674,41 +643,6 @@ pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: DagCtx) -> Requeue {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn expected_children_count_until_the_cache_shows_them_or_they_expire() {
-        let start = Instant::now();
-        let mut expected = Expectations::default();
-        expected.created("dag-1", "a", start);
-        expected.created("dag-1", "b", start);
-        expected.created("dag-2", "a", start);
-
-        // The cache shows dag-1's a (Running): it stays as the cache says; b counts as Pending.
-        let mut phases = HashMap::from([("a".to_owned(), TaskPhase::Running)]);
-        assert!(expected.fill_in("dag-1", &mut phases, start));
-        assert_eq!(
-            phases,
-            HashMap::from([
-                ("a".to_owned(), TaskPhase::Running),
-                ("b".to_owned(), TaskPhase::Pending),
-            ])
-        );
-        // a is forgotten for dag-1 only.
-        let mut phases = HashMap::new();
-        assert!(expected.fill_in("dag-1", &mut phases, start));
-        assert_eq!(
-            phases,
-            HashMap::from([("b".to_owned(), TaskPhase::Pending)])
-        );
-        assert!(expected.fill_in("dag-2", &mut HashMap::new(), start));
-
-        // Never seen (deleted before the cache caught up): forgotten after the TTL, for every DAG.
-        let later = start + EXPECTATION_TTL;
-        let mut phases = HashMap::new();
-        assert!(!expected.fill_in("dag-1", &mut phases, later));
-        assert!(phases.is_empty());
-        assert!(expected.0.is_empty(), "{expected:?}");
-    }
 
     #[test]
     fn the_children_cache_counts_as_listed_once_its_first_list_is_in() {

@@ -10,7 +10,7 @@
 //!   owner uid. `callback`: delivery of `spec.callback`.
 //! - `write`: every status write and the reading of API status codes.
 //! - `context`: what they all share; `tracking`: what this process wrote that the caches may not
-//!   show yet; `error`: why a reconcile failed and when to try again.
+//!   show yet; `expected`: what it created that they do not show yet; `error`: why a reconcile failed and when to try again.
 //! - `run`: the wiring.
 
 pub mod cache;
@@ -21,6 +21,7 @@ pub mod dag;
 pub mod dispatch;
 pub mod error;
 pub mod events;
+pub mod expected;
 pub mod list_watch;
 pub mod namespace;
 pub mod owner_index;

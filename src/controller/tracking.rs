@@ -7,24 +7,26 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
+use super::expected::{EXPECTATION_TTL, Expected, Sight};
 use crate::api::AxTaskStatus;
 use crate::core::queue::TaskKey;
 use crate::core::task::{CallbackResult, ProgressLine};
 
-/// How long a pod this process created counts as existing while the cache has not shown it: long
-/// enough for any watch lag, short enough that a pod deleted before the cache saw it is noticed.
-const EXPECTED_POD_TTL: Duration = Duration::from_secs(60);
+/// How long a deletion this process asked for is not asked for again (a task held by a finalizer).
+const DELETION_RESENT_AFTER: Duration = EXPECTATION_TTL;
 /// What this process knows that the caches may not show yet.
 #[derive(Debug)]
-pub struct Tracking(Mutex<TrackingState>);
+pub struct Tracking {
+    state: Mutex<TrackingState>,
+    /// Worker pods created and not yet seen in the cache, by task: (attempt, created at).
+    pods: Expected<TaskKey, (i32, Timestamp)>,
+}
 
 #[derive(Debug)]
 struct TrackingState {
     /// The resourceVersion of each task's last status write, until the cache has caught up: a
     /// reconcile on an older copy would decide on stale state and lose its write to a conflict.
     written: HashMap<TaskKey, u64>,
-    /// Worker pods created and not yet seen in the cache: (name, attempt, when, created at).
-    expected_pods: HashMap<TaskKey, (String, i32, Instant, Timestamp)>,
     /// Callback outcomes waiting to be recorded by the task's reconcile.
     callbacks: HashMap<TaskKey, (CallbackResult, String)>,
     /// Tasks this process asked the API server to delete (their TTL passed), and when: a task held
@@ -58,18 +60,19 @@ enum Turn {
 impl Tracking {
     /// Nothing tracked yet; due progress writes go at `progress_writes_per_second`.
     pub fn new(progress_writes_per_second: u32) -> Self {
-        Self(Mutex::new(TrackingState {
+        let state = Mutex::new(TrackingState {
             written: HashMap::new(),
-            expected_pods: HashMap::new(),
             callbacks: HashMap::new(),
             deletions: HashMap::new(),
             unwritten: HashMap::new(),
             progress: ProgressLine::new(progress_writes_per_second, Timestamp::now()),
-        }))
+        });
+        let pods = Expected::default();
+        Self { state, pods }
     }
 
     fn lock(&self) -> MutexGuard<'_, TrackingState> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether the cached copy (of `version`) is older than what this process wrote; forgets the
@@ -92,9 +95,11 @@ impl Tracking {
         }
     }
 
+    /// The task's pod `name` of `attempt` was created (its one pod in flight).
     pub fn expect_pod(&self, key: &TaskKey, name: &str, attempt: i32, created_at: Timestamp) {
-        let expected = (name.to_string(), attempt, Instant::now(), created_at);
-        self.lock().expected_pods.insert(key.clone(), expected);
+        let now = Instant::now();
+        self.pods
+            .created_only(key, name, (attempt, created_at), now);
     }
 
     /// The pod created for `key` that the cache does not show yet, if any: its name, attempt and
@@ -105,12 +110,12 @@ impl Tracking {
         key: &TaskKey,
         seen: impl Fn(i32) -> bool,
     ) -> Option<(String, i32, Timestamp)> {
-        let mut state = self.lock();
-        let (name, attempt, since, created_at) = state.expected_pods.get(key)?.clone();
-        if seen(attempt) || since.elapsed() > EXPECTED_POD_TTL {
-            state.expected_pods.remove(key);
-            return None;
-        }
+        let sight = |_: &str, &(attempt, _): &(i32, Timestamp)| match seen(attempt) {
+            true => Sight::Seen,
+            false => Sight::NotSeen,
+        };
+        let pending = self.pods.pending(key, Instant::now(), sight);
+        let (name, (attempt, created_at)) = pending.into_iter().next()?;
         Some((name, attempt, created_at))
     }
 
@@ -129,7 +134,7 @@ impl Tracking {
         if state
             .deletions
             .get(key)
-            .is_some_and(|at| at.elapsed() < EXPECTED_POD_TTL)
+            .is_some_and(|at| at.elapsed() < DELETION_RESENT_AFTER)
         {
             return true;
         }
@@ -226,7 +231,7 @@ impl Tracking {
     pub fn has_work(&self, key: &TaskKey) -> bool {
         let state = self.lock();
         state.unwritten.contains_key(key)
-            || state.expected_pods.contains_key(key)
+            || self.pods.has_any(key)
             || state.callbacks.contains_key(key)
     }
 
@@ -248,7 +253,7 @@ impl Tracking {
     pub fn forget(&self, key: &TaskKey) {
         let mut state = self.lock();
         state.written.remove(key);
-        state.expected_pods.remove(key);
+        self.pods.forget(key);
         state.callbacks.remove(key);
         state.deletions.remove(key);
         state.unwritten.remove(key);
@@ -260,11 +265,11 @@ impl Tracking {
         state
             .written
             .keys()
-            .chain(state.expected_pods.keys())
             .chain(state.callbacks.keys())
             .chain(state.deletions.keys())
             .chain(state.unwritten.keys())
             .cloned()
+            .chain(self.pods.owners())
             .collect()
     }
 }
