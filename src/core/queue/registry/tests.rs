@@ -8,7 +8,12 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use super::*;
-use crate::api::{AxQueueStatus, CircuitBreakerSpec, QueueWeights, TaskPhase, WeightScheduleEntry};
+use crate::api::{
+    AxQueueStatus, AxTask, CircuitBreakerSpec, Priority, QueueWeights, TaskPhase,
+    WeightScheduleEntry,
+};
+use crate::core::queue::adaptive::Observation;
+use crate::core::queue::dispatcher::HeldReason;
 use crate::core::queue::status::queue_status;
 
 fn t(secs: i64) -> Timestamp {
