@@ -16,7 +16,7 @@ pub const LABEL_SCHEDULED_TIME: &str = "ax.dev/scheduled-time";
 pub const ANNOTATION_CATCH_UP: &str = "ax.dev/catch-up";
 
 /// Creates one child AxTask or AxDag, `<cron>-<scheduled unix time>`, for each scheduled time.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ax.dev",
     version = "v1alpha1",

@@ -16,7 +16,8 @@
 //! The task controller's cache goes further ([`CachedTask`]): a task that is settled — waiting in
 //! its queue without having run, or finished — is kept as its identity and the facts of
 //! [`core::Settled`], a fraction of a whole task; its reconcile reads the whole task only when it
-//! has something to do.
+//! has something to do. A child of a DAG or a cron (a task with a controller) stays whole: the
+//! same cache serves its controller's reconcile, which reads its labels, owners and finalizers.
 //!
 //! A cached worker pod keeps what `core::worker::observe` reads: names, labels, owners, deletion,
 //! finalizers, the main-container annotation, node, container names and statuses.
@@ -83,23 +84,9 @@ pub fn dag_is_reduced(d: &AxDag) -> bool {
     d.spec.tasks.iter().any(|t| t.spec.template.is_absent())
 }
 
-/// The AxTasks `labels` select (all when `None`), as every task cache of the operator holds them:
-/// readable ones only (see [`readable`]), reduced by [`task`]. With `fresh`, the template and
-/// payload of a task that may be dispatched next are handed to it instead of dropped.
+/// The operator's one AxTask watch: every readable AxTask, reduced by [`task`], as a
+/// [`CachedTask`]; the template and payload of a task that may be dispatched next go to `fresh`.
 pub fn task_watch(
-    client: Client,
-    labels: Option<&str>,
-    reporter: Option<readable::Reporter>,
-    fresh: Option<Arc<FreshTemplates>>,
-) -> impl Stream<Item = Result<watcher::Event<AxTask>, watcher::Error>> + Send {
-    readable::watch_reduced(client, labels, reporter, move |t| {
-        reduce(t, fresh.as_deref())
-    })
-}
-
-/// The task controller's watch: every readable AxTask as a [`CachedTask`]; the template and payload
-/// of a task that may be dispatched next go to `fresh`.
-pub fn controller_task_watch(
     client: Client,
     reporter: readable::Reporter,
     fresh: Arc<FreshTemplates>,
@@ -142,6 +129,9 @@ pub struct SettledTask {
 impl CachedTask {
     /// What the controller's cache keeps of `task`, already reduced by [`task`].
     pub fn of(task: AxTask) -> CachedTask {
+        if has_controller(&task) {
+            return CachedTask::Whole(Arc::new(task));
+        }
         let valid = spec_error(&task).is_none();
         match core::Settled::of(&task, valid) {
             Some(facts) => {
@@ -159,6 +149,11 @@ impl CachedTask {
             }
             None => CachedTask::Whole(Arc::new(task)),
         }
+    }
+
+    /// The task as its DAG's or cron's reconcile reads it: whole, with a controller.
+    pub fn child(&self) -> Option<&Arc<AxTask>> {
+        self.whole().filter(|task| has_controller(task))
     }
 
     pub fn whole(&self) -> Option<&Arc<AxTask>> {
@@ -232,8 +227,16 @@ impl Resource for CachedTask {
     }
 }
 
+/// Whether `task` is some object's child (a DAG's or a cron's).
+fn has_controller(task: &AxTask) -> bool {
+    let owners = task.metadata.owner_references.iter().flatten();
+    owners
+        .into_iter()
+        .any(|owner| owner.controller == Some(true))
+}
+
 /// Read as an AxTask and kept as the cache keeps it (kube's controller asks for it; the cache is
-/// fed by [`controller_task_watch`]).
+/// fed by [`task_watch`]).
 impl<'de> serde::Deserialize<'de> for CachedTask {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let mut task = AxTask::deserialize(deserializer)?;
@@ -552,6 +555,8 @@ where
 mod tests {
     use super::*;
     use crate::core::worker;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::ResourceExt;
 
     fn task_json(extra: serde_json::Value) -> AxTask {
         let mut v = serde_json::json!({
@@ -716,6 +721,24 @@ mod tests {
         assert!(spec_error(&invalid).is_some());
         assert!(fresh.take(&key, &invalid).is_none());
         assert_eq!(counted(&fresh), 0);
+    }
+
+    #[test]
+    fn a_child_of_a_dag_or_cron_is_cached_whole_for_its_controller() {
+        let mut t = task_json(serde_json::json!({}));
+        task(&mut t);
+        assert!(CachedTask::of(t.clone()).child().is_none(), "no controller");
+        t.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "ax.dev/v1alpha1".into(),
+            kind: "AxDag".into(),
+            name: "d".into(),
+            uid: "dag-uid".into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        let cached = CachedTask::of(t);
+        let child = cached.child().expect("a DAG's child is whole");
+        assert_eq!(child.owner_references()[0].uid, "dag-uid");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The AxCron reconciler: read the cron and its children (AxTasks and AxDags labelled
-//! `ax.dev/cron`) from the caches, decide with `core::cron`, write the status (the firings first,
+//! The AxCron reconciler: read the cron and its children (the AxTasks and AxDags it controls)
+//! from the shared caches, decide with `core::cron`, write the status (the firings first,
 //! as `pendingChildren`), then cancel (Replace), create the children due
 //! (`<cron>-<scheduled unix time>`) and delete those beyond the history limits. Woken by the cron,
 //! by its children, and by a timer at the next firing.
@@ -13,23 +13,21 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::events::Events;
-use super::expected::{Expected, Sight};
-use super::owner_index::OwnerIndex;
+use super::expected::Sight;
 use super::write::{self, ApiError, api_message};
-use super::{Error, FIELD_MANAGER, Result, cache, readable};
+use super::{Ctx, Error, FIELD_MANAGER, Result};
 use crate::api::{
     ANNOTATION_CATCH_UP, AxCron, AxCronStatus, AxDag, AxTask, DagPhase, LABEL_CRON,
     LABEL_SCHEDULED_TIME, PendingChild, TaskPhase,
@@ -40,7 +38,6 @@ use crate::core::cron::{
     self as core, Child, Decision, Finished, Policy, Schedule, Skip, SkipReason,
 };
 use crate::core::task::is_final;
-use crate::ops::metrics::Metrics;
 
 /// The `controller` label of the reconcile metrics.
 const CONTROLLER: &str = "axcron";
@@ -49,59 +46,17 @@ const CONTROLLER: &str = "axcron";
 /// children) is refreshed by child events anyway; this bounds the damage of a lost timer.
 const MAX_SLEEP: Duration = Duration::from_secs(600);
 
-pub struct CronContext {
-    pub client: Client,
-    pub events: Events,
-    /// AxTasks labelled `ax.dev/cron`.
-    pub tasks: Store<AxTask>,
-    /// AxDags labelled `ax.dev/cron`.
-    pub dags: Store<AxDag>,
-    /// `tasks` and `dags` by the uid of their controller.
-    pub tasks_by_owner: Arc<OwnerIndex>,
-    pub dags_by_owner: Arc<OwnerIndex>,
-    pub metrics: Arc<Metrics>,
-    /// Children created and not yet in `tasks`/`dags`, by cron uid: name -> scheduled time.
-    expected: Expected<String, Timestamp>,
-}
-
-type CronCtx = Arc<CronContext>;
-
-/// Runs the AxCron controller until a shutdown signal.
-pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
-    let crons: Api<AxCron> = Api::all(client.clone());
-    let (tasks, tasks_writer) = reflector::store();
-    let tasks_by_owner = Arc::new(OwnerIndex::default());
-    let index = tasks_by_owner.clone();
-    let task_events = reflector::reflector(
-        tasks_writer,
-        cache::task_watch(client.clone(), Some(LABEL_CRON), None, None)
-            .inspect_ok(move |event| index.apply(event)),
-    )
-    .touched_objects();
-    let (dags, dags_writer) = reflector::store();
-    let dags_by_owner = Arc::new(OwnerIndex::default());
-    let index = dags_by_owner.clone();
-    let dag_events = reflector::reflector(
-        dags_writer,
-        readable::watch_reduced(client.clone(), Some(LABEL_CRON), None, cache::dag)
-            .inspect_ok(move |event| index.apply(event)),
-    )
-    .touched_objects();
-    let controller = Controller::new(crons, watcher::Config::default().any_semantic())
-        .owns_stream(task_events)
-        .owns_stream(dag_events)
+/// Runs the AxCron controller until a shutdown signal: `crons` is the informer behind `ctx.crons`,
+/// `children_changed` the crons whose children (tasks or DAGs) the informers saw change.
+pub async fn run(
+    ctx: Ctx,
+    crons: impl Stream<Item = Result<AxCron, watcher::Error>> + Send + 'static,
+    children_changed: impl Stream<Item = ObjectRef<AxCron>> + Send + 'static,
+) {
+    let controller = Controller::for_stream(crons, ctx.crons.clone())
+        .reconcile_on(children_changed)
         .with_config(super::run::controller_config())
         .shutdown_on_signal();
-    let ctx = Arc::new(CronContext {
-        client,
-        events,
-        tasks,
-        dags,
-        tasks_by_owner,
-        dags_by_owner,
-        metrics,
-        expected: Expected::default(),
-    });
     info!("AxCron controller running");
     controller
         .run(reconcile, error_policy, ctx)
@@ -114,7 +69,7 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
 }
 
 #[tracing::instrument(skip_all, fields(namespace = cron.namespace(), name = cron.name_any()))]
-pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
+pub async fn reconcile(cron: Arc<AxCron>, ctx: Ctx) -> Result<Requeue> {
     let _timer = ctx.metrics.reconcile_timer(CONTROLLER);
     // A child missing from an incomplete cache would be created again: decide on complete ones.
     if !super::cache_listed(&ctx.tasks) || !super::cache_listed(&ctx.dags) {
@@ -233,7 +188,7 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
         match create_child(&cron, &uid, firing, &ctx).await? {
             Created::Yes => {
                 let now = Instant::now();
-                ctx.expected
+                ctx.cron_children
                     .created(&uid, &firing.name, firing.scheduled, now);
                 publish_fired(&cron, &schedule, firing, &ctx);
             }
@@ -265,14 +220,14 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: CronCtx) -> Result<Requeue> {
 /// The children of this cron in the caches: AxTasks and AxDags in its namespace whose controller
 /// is this cron (by uid, so the children of an older cron of the same name do not count). Looked
 /// up through the owner indexes: a reconcile reads its own children, not every cron's.
-fn owned_children(cron: &AxCron, uid: &str, ctx: &CronCtx) -> Vec<ChildState> {
+fn owned_children(cron: &AxCron, uid: &str, ctx: &Ctx) -> Vec<ChildState> {
     let namespace = cron.namespace();
     let prefix = format!("{}-", cron.name_any());
     let mut children = Vec::new();
     let tasks = ctx.tasks_by_owner.children_of(uid);
     for task in tasks
         .iter()
-        .filter_map(|key| ctx.tasks.get(&key.object_ref()))
+        .filter_map(|key| ctx.tasks.get(&key.object_ref())?.child().cloned())
     {
         if task.namespace() != namespace || !is_controlled_by(task.as_ref(), uid) {
             continue;
@@ -343,13 +298,13 @@ fn add_expected(
     kind: ChildKind,
     recorded: &[core::Firing],
     children: &mut Vec<ChildState>,
-    ctx: &CronCtx,
+    ctx: &Ctx,
 ) {
     let now = Instant::now();
     // Seen while pending (after a restart, created by the process before): kept the same way.
     for firing in recorded {
         if children.iter().any(|c| c.name == firing.name) {
-            ctx.expected
+            ctx.cron_children
                 .keep(&uid.to_owned(), &firing.name, firing.scheduled, now);
         }
     }
@@ -362,7 +317,7 @@ fn add_expected(
             Sight::NotSeen
         }
     };
-    let pending = ctx.expected.pending(&uid.to_owned(), now, sight);
+    let pending = ctx.cron_children.pending(&uid.to_owned(), now, sight);
     if !pending.is_empty() {
         for (name, scheduled) in pending {
             if children.iter().any(|c| c.name == name) {
@@ -439,7 +394,7 @@ async fn create_child(
     cron: &AxCron,
     uid: &str,
     firing: &core::Firing,
-    ctx: &CronCtx,
+    ctx: &Ctx,
 ) -> Result<Created> {
     let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
     let metadata = child_metadata(cron, uid, firing);
@@ -522,7 +477,7 @@ async fn cancel_replaced(
     cron: &AxCron,
     decision: &Decision,
     children: &[ChildState],
-    ctx: &CronCtx,
+    ctx: &Ctx,
 ) -> Result<()> {
     if decision.cancel.is_empty() {
         return Ok(());
@@ -575,7 +530,7 @@ async fn cancel_replaced(
 async fn delete_beyond_history(
     cron: &AxCron,
     children: &mut Vec<ChildState>,
-    ctx: &CronCtx,
+    ctx: &Ctx,
 ) -> Result<()> {
     let finished: Vec<Finished> = children
         .iter()
@@ -647,7 +602,7 @@ async fn write_status(
     before: &AxCronStatus,
     status: &AxCronStatus,
     always: bool,
-    ctx: &CronCtx,
+    ctx: &Ctx,
 ) -> Result<bool> {
     if before == status && !always {
         return Ok(true);
@@ -666,7 +621,7 @@ async fn confirm_pending(
     cron: &AxCron,
     written: &[PendingChild],
     answered: &HashSet<String>,
-    ctx: &CronCtx,
+    ctx: &Ctx,
 ) {
     if written.is_empty() || !written.iter().all(|p| answered.contains(&p.name)) {
         return;
@@ -686,7 +641,7 @@ fn when(schedule: &Schedule, time: Timestamp) -> String {
     }
 }
 
-fn publish_fired(cron: &AxCron, schedule: &Schedule, firing: &core::Firing, ctx: &CronCtx) {
+fn publish_fired(cron: &AxCron, schedule: &Schedule, firing: &core::Firing, ctx: &Ctx) {
     let kind = if cron.spec.task.is_some() {
         "AxTask"
     } else {
@@ -708,7 +663,7 @@ fn publish_fired(cron: &AxCron, schedule: &Schedule, firing: &core::Firing, ctx:
     publish(cron, EventType::Normal, "Fired", &note, ctx);
 }
 
-fn publish_skip(cron: &AxCron, schedule: &Schedule, policy: &Policy, skip: &Skip, ctx: &CronCtx) {
+fn publish_skip(cron: &AxCron, schedule: &Schedule, policy: &Policy, skip: &Skip, ctx: &Ctx) {
     let times = if skip.count == 1 && !skip.at_least {
         format!("scheduled time {}", when(schedule, skip.first))
     } else {
@@ -767,11 +722,11 @@ fn publish_skip(cron: &AxCron, schedule: &Schedule, policy: &Policy, skip: &Skip
     publish(cron, type_, reason, &format!("{times}: {why}"), ctx);
 }
 
-fn publish(cron: &AxCron, type_: EventType, reason: &str, note: &str, ctx: &CronCtx) {
+fn publish(cron: &AxCron, type_: EventType, reason: &str, note: &str, ctx: &Ctx) {
     ctx.events.publish(cron, type_, reason, note);
 }
 
-pub fn error_policy(cron: Arc<AxCron>, error: &Error, ctx: CronCtx) -> Requeue {
+pub fn error_policy(cron: Arc<AxCron>, error: &Error, ctx: Ctx) -> Requeue {
     let category = error.category();
     ctx.metrics
         .reconcile_error(CONTROLLER, error.step(), category.as_str());

@@ -1,29 +1,27 @@
 //! The AxDag reconciler: read the DAG and its children from the caches, decide with `core::dag`,
 //! create and cancel children, write the status when it changed.
 //!
-//! Woken by the DAG's own changes and by its children's (an informer on AxTasks labelled
-//! `ax.dev/dag`), never by polling.
+//! Woken by the DAG's own changes and by its children's (the task informer wakes a child's
+//! controller, see `context::OwnerWake`), never by polling.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{Controller, WatchStreamExt};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::events::Events;
 use super::expected::{EXPECTATION_TTL, Expected, Sight};
-use super::owner_index::OwnerIndex;
 use super::write::{self, ApiError};
-use super::{Error, FIELD_MANAGER, Result, cache, readable};
+use super::{Ctx, Error, FIELD_MANAGER, Result, cache};
 use crate::api::{
     AxDag, AxDagStatus, AxTask, AxTaskSpec, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK,
     TaskPhase,
@@ -33,7 +31,6 @@ use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
 };
 use crate::core::dag::{self as core, DagNode};
-use crate::ops::metrics::Metrics;
 
 /// How soon to look again when a child's name is taken by an object this DAG does not own.
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(30);
@@ -45,64 +42,21 @@ pub const CHILD_FINALIZER: &str = "ax.dev/dag-child";
 /// How often children whose DAG is gone are freed of their finalizer.
 const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
-pub struct DagContext {
-    pub client: Client,
-    pub events: Events,
-    /// Every AxTask labelled `ax.dev/dag`.
-    pub children: Store<AxTask>,
-    /// `children` by the uid of their controller.
-    pub children_by_owner: Arc<OwnerIndex>,
-    pub metrics: Arc<Metrics>,
-    /// Children created and not yet in `children`, by DAG uid: without them a reconcile on a
-    /// lagging cache would count fewer children at work than there are, and exceed `parallelism`.
-    expected: Expected<String, ()>,
-}
-
-type DagCtx = Arc<DagContext>;
-
 /// The `controller` label of the reconcile metrics.
 const CONTROLLER: &str = "axdag";
 
-/// Runs the AxDag controller until a shutdown signal.
-pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
-    let (children, children_writer) = reflector::store();
-    let children_by_owner = Arc::new(OwnerIndex::default());
-    let index = children_by_owner.clone();
-    let child_events = reflector::reflector(
-        children_writer,
-        // From the watch cache, stripped like the task controller's copies (see `cache`). An
-        // unreadable child is reported by the task controller's watch.
-        cache::task_watch(client.clone(), Some(LABEL_DAG), None, None)
-            .inspect_ok(move |event| index.apply(event)),
-    )
-    .touched_objects();
-    let (dags, dags_writer) = reflector::store();
-    let dag_events = reflector::reflector(
-        dags_writer,
-        // Each task's name and dependencies only: the specs are read whole when children are
-        // created (`cache::dag`).
-        readable::watch_reduced(
-            client.clone(),
-            None,
-            Some(readable::Reporter::new(events.clone())),
-            cache::dag,
-        ),
-    )
-    .touched_objects();
-    let controller = Controller::for_stream(dag_events, dags)
-        .owns_stream(child_events)
+/// Runs the AxDag controller until a shutdown signal: `dags` is the informer behind `ctx.dags`,
+/// `children_changed` the DAGs whose children the task informer saw change.
+pub async fn run(
+    ctx: Ctx,
+    dags: impl Stream<Item = Result<AxDag, watcher::Error>> + Send + 'static,
+    children_changed: impl Stream<Item = ObjectRef<AxDag>> + Send + 'static,
+) {
+    let controller = Controller::for_stream(dags, ctx.dags.clone())
+        .reconcile_on(children_changed)
         .with_config(super::run::controller_config())
         .shutdown_on_signal();
-    let ctx = Arc::new(DagContext {
-        client,
-        events,
-        children,
-        children_by_owner,
-        metrics,
-        expected: Expected::default(),
-    });
-    let dags = controller.store();
-    let sweep = tokio::spawn(free_orphans(ctx.clone(), dags));
+    let sweep = tokio::spawn(free_orphans(ctx.clone()));
     info!("AxDag controller running");
     controller
         .run(reconcile, error_policy, ctx)
@@ -117,22 +71,26 @@ pub async fn run(client: Client, events: Events, metrics: Arc<Metrics>) {
 
 /// Children being deleted whose DAG is gone (deleted in the background) are never reconciled again:
 /// their finalizer comes off here.
-async fn free_orphans(ctx: DagCtx, dags: Store<AxDag>) {
+async fn free_orphans(ctx: Ctx) {
     let mut tick = tokio::time::interval(ORPHAN_SWEEP_EVERY);
     loop {
         tick.tick().await;
-        if !super::cache_listed(&dags) || !super::cache_listed(&ctx.children) {
+        if !super::cache_listed(&ctx.dags) || !super::cache_listed(&ctx.tasks) {
             continue;
         }
-        let dag_uids: BTreeSet<String> = dags.state().iter().filter_map(|d| d.uid()).collect();
-        for child in ctx.children.state() {
+        // Controllers with children that are no DAG here: gone DAGs (or crons, whose children
+        // carry no DAG label).
+        let dag_uids: BTreeSet<String> = ctx.dags.state().iter().filter_map(|d| d.uid()).collect();
+        let owners = ctx.tasks_by_owner.owners().into_iter();
+        let orphans = owners
+            .filter(|uid| !dag_uids.contains(uid))
+            .flat_map(|uid| {
+                let children = ctx.tasks_by_owner.children_of(&uid).into_iter();
+                children.filter_map(|key| ctx.tasks.get(&key.object_ref())?.child().cloned())
+            });
+        for child in orphans.filter(|child| child.labels().contains_key(LABEL_DAG)) {
             let held = child.metadata.deletion_timestamp.is_some() && has_finalizer(&child);
-            let orphan = child
-                .owner_references()
-                .iter()
-                .filter(|o| o.controller == Some(true))
-                .all(|o| !dag_uids.contains(&o.uid));
-            if held && orphan {
+            if held {
                 let api: Api<AxTask> =
                     Api::namespaced(ctx.client.clone(), &child.namespace().unwrap_or_default());
                 if let Err(e) = write::remove_finalizer(&api, child.as_ref(), CHILD_FINALIZER).await
@@ -149,12 +107,12 @@ fn has_finalizer(child: &AxTask) -> bool {
 }
 
 #[tracing::instrument(skip_all, fields(namespace = dag.namespace(), name = dag.name_any()))]
-pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
+pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     let _timer = ctx.metrics.reconcile_timer(CONTROLLER);
     // A child missing from an incomplete cache would be created again: decide on a complete one.
     // Checked, not awaited: kube's `Store::wait_until_ready` wakes only the last of several
     // concurrent waiters (its oneshot keeps one waker), so parked reconciles would hang for good.
-    if !super::cache_listed(&ctx.children) {
+    if !super::cache_listed(&ctx.tasks) {
         return Ok(Requeue::requeue(Duration::from_millis(500)));
     }
     let uid = dag.uid().ok_or(Error::Incomplete("uid"))?;
@@ -196,7 +154,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
         // Its re-run request is in; the child's own reconcile takes it from there.
         phases.insert(task.clone(), TaskPhase::Pending);
     }
-    let waiting_for_cache = fill_in_expected(&ctx.expected, &uid, &mut phases);
+    let waiting_for_cache = fill_in_expected(&ctx.dag_children, &uid, &mut phases);
     remember_finished_children(&before, &mut phases);
 
     let policy = dag.spec.failure_policy;
@@ -243,7 +201,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
     for task in &create {
         let spec = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
         match create_child(&dag, &uid, &graph.child_name(task), task, spec, &ctx).await? {
-            Created::Yes => ctx.expected.created(&uid, task, (), Instant::now()),
+            Created::Yes => ctx.dag_children.created(&uid, task, (), Instant::now()),
             Created::NameTaken => name_taken = true,
         }
     }
@@ -274,7 +232,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: DagCtx) -> Result<Requeue> {
 async fn task_specs(
     dag: &AxDag,
     tasks: &[String],
-    ctx: &DagCtx,
+    ctx: &Ctx,
 ) -> Result<Option<HashMap<String, AxTaskSpec>>> {
     let wanted = |name: &str| tasks.iter().any(|t| t == name);
     if !cache::dag_is_reduced(dag) {
@@ -330,13 +288,13 @@ struct RawDagTask<'a> {
 /// The children of this DAG in the cache, by task name: AxTasks in its namespace whose controller
 /// is this DAG (by uid, so the children of an older DAG of the same name do not count). Looked up
 /// through the owner index: a reconcile reads its own children, not every DAG's.
-fn owned_children(dag: &AxDag, uid: &str, ctx: &DagCtx) -> HashMap<String, Arc<AxTask>> {
+fn owned_children(dag: &AxDag, uid: &str, ctx: &Ctx) -> HashMap<String, Arc<AxTask>> {
     let namespace = dag.namespace();
     let prefix = format!("{}-", dag.name_any());
-    ctx.children_by_owner
+    ctx.tasks_by_owner
         .children_of(uid)
         .iter()
-        .filter_map(|key| ctx.children.get(&key.object_ref()))
+        .filter_map(|key| ctx.tasks.get(&key.object_ref())?.child().cloned())
         .filter(|child| child.namespace() == namespace && is_controlled_by(child, uid))
         .filter_map(|child| {
             let task = match child.labels().get(LABEL_DAG_TASK) {
@@ -385,7 +343,7 @@ fn child_phases(children: &HashMap<String, Arc<AxTask>>) -> HashMap<String, Task
 async fn free_children<'a>(
     dag: &AxDag,
     children: impl Iterator<Item = &'a Arc<AxTask>>,
-    ctx: &DagCtx,
+    ctx: &Ctx,
 ) -> Result<()> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -410,7 +368,7 @@ async fn start_rerun(
     dag: &AxDag,
     before: &mut AxDagStatus,
     children: &HashMap<String, Arc<AxTask>>,
-    ctx: &DagCtx,
+    ctx: &Ctx,
 ) -> Result<BTreeSet<String>> {
     let mut asked = BTreeSet::new();
     let finished = before.phase.is_some_and(DagPhase::is_terminal);
@@ -469,7 +427,7 @@ async fn create_child(
     child_name: &str,
     task: &str,
     spec: &AxTaskSpec,
-    ctx: &DagCtx,
+    ctx: &Ctx,
 ) -> Result<Created> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let mut child = AxTask::new(child_name, spec.clone());
@@ -528,7 +486,7 @@ async fn cancel_children<'a>(
     dag: &AxDag,
     tasks: impl Iterator<Item = &'a String>,
     children: &HashMap<String, Arc<AxTask>>,
-    ctx: &DagCtx,
+    ctx: &Ctx,
 ) -> Result<()> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -567,7 +525,7 @@ async fn write_and_publish(
     before: &AxDagStatus,
     status: AxDagStatus,
     always: bool,
-    ctx: &DagCtx,
+    ctx: &Ctx,
 ) -> Result<Option<Requeue>> {
     if *before == status && !always {
         return Ok(Some(Requeue::await_change()));
@@ -594,7 +552,7 @@ fn publish_phase(
     from: Option<DagPhase>,
     to: DagPhase,
     status: &AxDagStatus,
-    ctx: &DagCtx,
+    ctx: &Ctx,
 ) {
     let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true);
     let (type_, reason, detail) = match (to, invalid) {
@@ -628,11 +586,11 @@ fn publish_phase(
     publish(dag, type_, reason, &note, ctx);
 }
 
-fn publish(dag: &AxDag, type_: EventType, reason: &str, note: &str, ctx: &DagCtx) {
+fn publish(dag: &AxDag, type_: EventType, reason: &str, note: &str, ctx: &Ctx) {
     ctx.events.publish(dag, type_, reason, note);
 }
 
-pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: DagCtx) -> Requeue {
+pub fn error_policy(dag: Arc<AxDag>, error: &Error, ctx: Ctx) -> Requeue {
     let category = error.category();
     ctx.metrics
         .reconcile_error(CONTROLLER, error.step(), category.as_str());
@@ -646,7 +604,7 @@ mod tests {
 
     #[test]
     fn the_children_cache_counts_as_listed_once_its_first_list_is_in() {
-        let (store, mut writer) = reflector::store::<AxTask>();
+        let (store, mut writer) = kube::runtime::reflector::store::<AxTask>();
         assert!(!crate::controller::cache_listed(&store));
         writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
         assert!(

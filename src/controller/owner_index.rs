@@ -124,6 +124,11 @@ impl OwnerIndex {
         }
     }
 
+    /// The uids of every controller with children.
+    pub fn owners(&self) -> Vec<String> {
+        self.state().live.children.keys().cloned().collect()
+    }
+
     /// The children whose controller has `uid`, by namespace and name.
     pub fn children_of(&self, uid: &str) -> Vec<ChildKey> {
         self.state()

@@ -22,7 +22,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::events::Events;
 use super::list_watch;
-use crate::api::{AxDag, AxDagSpec, AxTask, AxTaskSpec};
+use crate::api::{AxCron, AxCronSpec, AxDag, AxDagSpec, AxTask, AxTaskSpec};
 
 /// The Event reason of an object the operator skips.
 pub const REASON: &str = "Unreadable";
@@ -105,6 +105,16 @@ impl Placeholder for AxTask {
         AxTask {
             metadata,
             spec: AxTaskSpec::default(),
+            status: None,
+        }
+    }
+}
+
+impl Placeholder for AxCron {
+    fn placeholder(metadata: ObjectMeta) -> Self {
+        AxCron {
+            metadata,
+            spec: AxCronSpec::default(),
             status: None,
         }
     }

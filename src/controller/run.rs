@@ -1,6 +1,7 @@
-//! Wiring: informers (reflectors) for tasks, their pods, nodes, queues and namespaces (metadata
-//! only), the AxTask controller, the dispatcher and the AxQueue watcher and status writer, running
-//! side by side.
+//! Wiring: one informer (reflector) per kind — tasks, their pods, nodes, queues, namespaces
+//! (metadata only), DAGs and crons — and the controllers of tasks, DAGs and crons, the dispatcher
+//! and the AxQueue watcher and status writer, running side by side on one [`Context`]. A child's
+//! change reaches its DAG's or cron's reconcile from the one task (or DAG) informer.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,10 +18,14 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::callback::Callbacks;
+use super::context::OwnerWake;
 use super::events::Events;
+use super::expected::Expected;
 use super::owner_index::OwnerIndex;
-use super::{Context, Queues, Tracking, cache, dispatch, namespace, queue, readable, task};
-use crate::api::AxQueue;
+use super::{
+    Context, Queues, Tracking, cache, cron, dag, dispatch, namespace, queue, readable, task,
+};
+use crate::api::{AxCron, AxDag, AxQueue};
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
 
@@ -99,14 +104,56 @@ pub async fn run(
         watcher(namespaces_api, watcher::Config::default().any_semantic()).default_backoff(),
     );
 
+    let events = Events::new(client.clone(), "ax-operator", &settings.identity);
+    let (dags, dags_writer) = reflector::store();
+    let dags_by_owner = Arc::new(OwnerIndex::default());
+    let indexed = dags_by_owner.clone();
+    let dag_events = reflector::reflector(
+        dags_writer,
+        // Each task's name and dependencies only: the specs are read whole when children are
+        // created (`cache::dag`).
+        readable::watch_reduced(
+            client.clone(),
+            None,
+            Some(readable::Reporter::new(events.clone())),
+            cache::dag,
+        )
+        .inspect_ok(move |event| indexed.apply(event)),
+    )
+    .touched_objects();
+    let (crons, crons_writer) = reflector::store();
+    let cron_events = reflector::reflector(
+        crons_writer,
+        readable::watch::<AxCron>(
+            client.clone(),
+            None,
+            Some(readable::Reporter::new(events.clone())),
+        ),
+    )
+    .touched_objects();
+
     // Reconciles asked for by the dispatcher (a slot granted), the held-reason refresh and callbacks.
     let (wake, woken) = futures::channel::mpsc::unbounded();
+    // Reconciles of the DAGs and crons whose children changed.
+    let (dags_wake, dags_woken) =
+        futures::channel::mpsc::unbounded::<reflector::ObjectRef<AxDag>>();
+    let (crons_wake, crons_woken) = futures::channel::mpsc::unbounded();
     let fresh = Arc::new(cache::FreshTemplates::default());
-    let events = Events::new(client.clone(), "ax-operator", &settings.identity);
+    let tasks_by_owner = Arc::new(OwnerIndex::default());
     let ctx = Arc::new(Context {
         client: client.clone(),
         events: events.clone(),
         tasks: tasks.clone(),
+        tasks_by_owner: tasks_by_owner.clone(),
+        dags,
+        dags_by_owner,
+        crons,
+        dag_children: Expected::default(),
+        cron_children: Expected::default(),
+        owner_wake: OwnerWake {
+            dags: dags_wake,
+            crons: crons_wake,
+        },
         fresh: fresh.clone(),
         pods: pods.clone(),
         pods_by_task,
@@ -124,13 +171,19 @@ pub async fn run(
         progress_due: Notify::new(),
     });
     let looking = ctx.clone();
+    let owners = ctx.clone();
     let task_events = reflector::reflector(
         tasks_writer,
-        cache::controller_task_watch(client.clone(), readable::Reporter::new(events), fresh),
+        cache::task_watch(client.clone(), readable::Reporter::new(events), fresh)
+            .inspect_ok(move |event| tasks_by_owner.apply(event)),
     )
     .touched_objects()
+    .inspect_ok(move |task| owners.owner_wake.child_changed(task))
     // A settled task that a look leaves as it is queues no reconcile (`task::seen_in_passing`).
     .try_filter(move |task| std::future::ready(!task::seen_in_passing(task, &looking)));
+    // A cron's DAG changed: its cron looks again.
+    let owners = ctx.clone();
+    let dag_events = dag_events.inspect_ok(move |dag| owners.owner_wake.child_changed(dag));
     let controller = Controller::for_stream(task_events, tasks)
         .owns_stream(pod_events)
         .reconcile_on(woken)
@@ -159,17 +212,18 @@ pub async fn run(
         _ = namespace::watch(ctx.clone(), namespace_events) => {}
         _ = queue::maintain(ctx.clone(), settings.default_queue_concurrency) => {}
         _ = count_tasks(ctx.clone()) => {}
-        _ = super::dag::run(client.clone(), ctx.events.clone(), ctx.metrics.clone()) => {}
-        _ = super::cron::run(client.clone(), ctx.events.clone(), ctx.metrics.clone()) => {}
+        _ = dag::run(ctx.clone(), dag_events, dags_woken) => {}
+        _ = cron::run(ctx.clone(), cron_events, crons_woken) => {}
     }
     node_task.abort();
     Ok(())
 }
 
-/// Reports readiness once every cache of this function has completed its first list. (The AxDag
-/// controller's caches are built inside `dag::run`; they join this list when it is wired here.)
+/// Reports readiness once every cache has completed its first list.
 async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sender<bool>) {
     super::cache_synced(&ctx.tasks).await;
+    super::cache_synced(&ctx.dags).await;
+    super::cache_synced(&ctx.crons).await;
     super::cache_synced(&ctx.pods).await;
     super::cache_synced(&ctx.nodes).await;
     super::cache_synced(&ctx.queue_store).await;
