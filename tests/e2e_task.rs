@@ -722,7 +722,12 @@ async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stal
         "spec":{{"tasks":[{{"name":"a","spec":{{"type":"unreadable","startAfter":"{start}",
         "template":{{"spec":{{"containers":[{{"name":"w","image":"x"}}]}}}}}}}}]}}}}"#
     );
-    for object in [&task, &dag] {
+    let cron = format!(
+        r#"{{"apiVersion":"ax.dev/v1alpha1","kind":"AxCron","metadata":{{"name":"bad-cron"}},
+        "spec":{{"schedule":"@yearly","task":{{"type":"unreadable","startAfter":"{start}",
+        "template":{{"spec":{{"containers":[{{"name":"w","image":"x"}}]}}}}}}}}}}"#
+    );
+    for object in [&task, &dag, &cron] {
         let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(object));
         assert!(ok, "{err}");
     }
@@ -730,6 +735,7 @@ async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stal
     for (kind, name, field) in [
         ("AxTask", "bad-start", "spec.startAfter"),
         ("AxDag", "bad-dag", "spec.tasks[0].spec.startAfter"),
+        ("AxCron", "bad-cron", "spec.task.startAfter"),
     ] {
         let events = wait_events_of(&client, &ns, kind, name, &["Unreadable"]).await;
         let warning = events
@@ -764,7 +770,14 @@ async fn unreadable_objects_are_skipped_with_a_warning_naming_the_field_and_stal
     // Gone at once (the operator never put a finalizer on them); left behind, they would be the
     // one task kubectl counts and the operator's metrics do not (e2e_helm compares the two).
     let (ok, _, err) = run_kubectl(
-        &["delete", "-n", &ns, "axtask/bad-start", "axdag/bad-dag"],
+        &[
+            "delete",
+            "-n",
+            &ns,
+            "axtask/bad-start",
+            "axdag/bad-dag",
+            "axcron/bad-cron",
+        ],
         None,
     );
     assert!(ok, "{err}");

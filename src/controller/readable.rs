@@ -22,7 +22,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::events::Events;
 use super::list_watch;
-use crate::api::{AxCron, AxCronSpec, AxDag, AxDagSpec, AxTask, AxTaskSpec};
+use crate::api::{AxCron, AxCronSpec, AxDag, AxDagSpec, AxQueue, AxQueueSpec, AxTask, AxTaskSpec};
 
 /// The Event reason of an object the operator skips.
 pub const REASON: &str = "Unreadable";
@@ -115,6 +115,16 @@ impl Placeholder for AxCron {
         AxCron {
             metadata,
             spec: AxCronSpec::default(),
+            status: None,
+        }
+    }
+}
+
+impl Placeholder for AxQueue {
+    fn placeholder(metadata: ObjectMeta) -> Self {
+        AxQueue {
+            metadata,
+            spec: AxQueueSpec::default(),
             status: None,
         }
     }

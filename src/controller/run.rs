@@ -59,7 +59,10 @@ pub async fn run(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let pods_api: Api<Pod> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
-    let queues_api: Api<AxQueue> = Api::all(client.clone());
+    let events = Events::new(client.clone(), "ax-operator", &settings.identity);
+    // Our own kinds are read through the readable guard: one the API server accepts but this
+    // operator cannot read is left out with a Warning Event, never stalls its informer.
+    let reporter = readable::Reporter::new(events.clone());
     // An Api of PartialObjectMeta lists and watches metadata only.
     let namespaces_api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
 
@@ -94,7 +97,7 @@ pub async fn run(
     let (queue_store, queues_writer) = reflector::store();
     let queue_events = reflector::reflector(
         queues_writer,
-        watcher(queues_api, watcher::Config::default().any_semantic()).default_backoff(),
+        readable::watch::<AxQueue>(client.clone(), None, Some(reporter.clone())),
     );
 
     // Labels are all a queue's namespaceSelector reads.
@@ -104,7 +107,6 @@ pub async fn run(
         watcher(namespaces_api, watcher::Config::default().any_semantic()).default_backoff(),
     );
 
-    let events = Events::new(client.clone(), "ax-operator", &settings.identity);
     let (dags, dags_writer) = reflector::store();
     let dags_by_owner = Arc::new(OwnerIndex::default());
     let indexed = dags_by_owner.clone();
@@ -112,23 +114,14 @@ pub async fn run(
         dags_writer,
         // Each task's name and dependencies only: the specs are read whole when children are
         // created (`cache::dag`).
-        readable::watch_reduced(
-            client.clone(),
-            None,
-            Some(readable::Reporter::new(events.clone())),
-            cache::dag,
-        )
-        .inspect_ok(move |event| indexed.apply(event)),
+        readable::watch_reduced(client.clone(), None, Some(reporter.clone()), cache::dag)
+            .inspect_ok(move |event| indexed.apply(event)),
     )
     .touched_objects();
     let (crons, crons_writer) = reflector::store();
     let cron_events = reflector::reflector(
         crons_writer,
-        readable::watch::<AxCron>(
-            client.clone(),
-            None,
-            Some(readable::Reporter::new(events.clone())),
-        ),
+        readable::watch::<AxCron>(client.clone(), None, Some(reporter.clone())),
     )
     .touched_objects();
 
@@ -174,7 +167,7 @@ pub async fn run(
     let owners = ctx.clone();
     let task_events = reflector::reflector(
         tasks_writer,
-        cache::task_watch(client.clone(), readable::Reporter::new(events), fresh)
+        cache::task_watch(client.clone(), reporter, fresh)
             .inspect_ok(move |event| tasks_by_owner.apply(event)),
     )
     .touched_objects()
