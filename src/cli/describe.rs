@@ -12,7 +12,7 @@ use kube::{Api, ResourceExt};
 use crate::api::{AxTask, LABEL_DAG, LABEL_DAG_TASK, TaskPhase};
 use crate::client::ctx::Ctx;
 use crate::client::error::{ClientError, Op, Resource, from_kube};
-use crate::client::format::{NONE, age, run_time, time};
+use crate::client::format::{NONE, age, time};
 use crate::client::task::{AttemptRow, PodInfo, attempt_rows, pod_info, waiting};
 use crate::core::worker::{LABEL_TASK, label_value};
 
@@ -217,14 +217,7 @@ pub fn render(task: &AxTask, pods: &[PodInfo], now: Timestamp) -> String {
 }
 
 fn attempt_cells(a: &AttemptRow, now: Timestamp) -> Vec<String> {
-    let from = a.started.or(a.scheduled);
-    let duration = match (from, a.finished) {
-        (Some(s), Some(f)) => run_time(f.duration_since(s)),
-        (Some(s), None) if a.outcome.is_none() => {
-            format!("{} so far", run_time(now.duration_since(s)))
-        }
-        _ => String::new(),
-    };
+    let duration = a.duration(now);
     let pod = if a.pod_gone {
         format!("{} (gone)", a.pod)
     } else {
@@ -273,35 +266,7 @@ pub async fn worker_pods(ctx: &Ctx, task: &str) -> Result<Vec<PodInfo>, ClientEr
 mod tests {
     use super::*;
 
-    fn dead_task(attempts: serde_json::Value) -> AxTask {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask",
-            "metadata": {"name": "flaky", "namespace": "team-a",
-                         "creationTimestamp": "2025-01-01T00:00:00Z"},
-            "spec": {"type": "flaky", "retry": {"maxRetries": 1},
-                     "template": {"spec": {"containers": []}}},
-            "status": {
-                "phase": "Dead", "attempt": 2, "retries": 1, "reason": "RetriesExhausted",
-                "worker": "flaky-2", "node": "localhost",
-                "deadReason": "2 attempts failed",
-                "lastFailure": {"attempt": 2, "kind": "Retryable", "exitCode": 1, "reason": "ExitCode"},
-                "finishedAt": "2025-01-01T00:00:09Z",
-                "history": [
-                    {"time": "2025-01-01T00:00:00Z", "to": "Pending", "attempt": 0, "reason": "Queued", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:01Z", "from": "Pending", "to": "Scheduled", "attempt": 1, "reason": "Dispatched", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:02Z", "from": "Scheduled", "to": "Running", "attempt": 1, "reason": "Started", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:04Z", "from": "Running", "to": "Failed", "attempt": 1, "reason": "ExitCode", "message": "exit code 1", "actor": "worker"},
-                    {"time": "2025-01-01T00:00:04Z", "from": "Failed", "to": "Pending", "attempt": 1, "reason": "Backoff", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:06Z", "from": "Pending", "to": "Scheduled", "attempt": 2, "reason": "Dispatched", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:07Z", "from": "Scheduled", "to": "Running", "attempt": 2, "reason": "Started", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:09Z", "from": "Running", "to": "Failed", "attempt": 2, "reason": "ExitCode", "actor": "worker"},
-                    {"time": "2025-01-01T00:00:09Z", "from": "Failed", "to": "Dead", "attempt": 2, "reason": "RetriesExhausted", "actor": "ax-operator/a"}
-                ],
-                "attempts": attempts,
-            }
-        }))
-        .unwrap()
-    }
+    use crate::client::task::fixtures::dead_task;
 
     fn at(s: &str) -> Timestamp {
         s.parse().unwrap()

@@ -15,7 +15,7 @@ use crate::api::{AxTask, TaskPhase};
 use crate::core::conditions;
 use crate::core::worker::{LABEL_ATTEMPT, pod_name};
 
-use super::format::{relative, time};
+use super::format::{relative, run_time, time};
 
 pub const ALL_PHASES: [TaskPhase; 8] = [
     TaskPhase::Pending,
@@ -107,6 +107,21 @@ pub struct AttemptRow {
     pub reason: Option<String>,
     /// The pod no longer exists (its logs are gone too).
     pub pod_gone: bool,
+}
+
+impl AttemptRow {
+    /// How long it ran (from its start, else from its dispatch): `1m 5s`, `12s so far` while it
+    /// runs, empty when it never started.
+    pub fn duration(&self, now: Timestamp) -> String {
+        let from = self.started.or(self.scheduled);
+        match (from, self.finished) {
+            (Some(s), Some(f)) => run_time(f.duration_since(s)),
+            (Some(s), None) if self.outcome.is_none() => {
+                format!("{} so far", run_time(now.duration_since(s)))
+            }
+            _ => String::new(),
+        }
+    }
 }
 
 fn ends_attempt(from: Option<TaskPhase>, to: TaskPhase) -> bool {
@@ -232,35 +247,7 @@ pub fn waiting(task: &AxTask, now: Timestamp) -> Vec<(&'static str, String)> {
 mod tests {
     use super::*;
 
-    fn dead_task(attempts: serde_json::Value) -> AxTask {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask",
-            "metadata": {"name": "flaky", "namespace": "team-a",
-                         "creationTimestamp": "2025-01-01T00:00:00Z"},
-            "spec": {"type": "flaky", "retry": {"maxRetries": 1},
-                     "template": {"spec": {"containers": []}}},
-            "status": {
-                "phase": "Dead", "attempt": 2, "retries": 1, "reason": "RetriesExhausted",
-                "worker": "flaky-2", "node": "localhost",
-                "deadReason": "2 attempts failed",
-                "lastFailure": {"attempt": 2, "kind": "Retryable", "exitCode": 1, "reason": "ExitCode"},
-                "finishedAt": "2025-01-01T00:00:09Z",
-                "history": [
-                    {"time": "2025-01-01T00:00:00Z", "to": "Pending", "attempt": 0, "reason": "Queued", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:01Z", "from": "Pending", "to": "Scheduled", "attempt": 1, "reason": "Dispatched", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:02Z", "from": "Scheduled", "to": "Running", "attempt": 1, "reason": "Started", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:04Z", "from": "Running", "to": "Failed", "attempt": 1, "reason": "ExitCode", "message": "exit code 1", "actor": "worker"},
-                    {"time": "2025-01-01T00:00:04Z", "from": "Failed", "to": "Pending", "attempt": 1, "reason": "Backoff", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:06Z", "from": "Pending", "to": "Scheduled", "attempt": 2, "reason": "Dispatched", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:07Z", "from": "Scheduled", "to": "Running", "attempt": 2, "reason": "Started", "actor": "ax-operator/a"},
-                    {"time": "2025-01-01T00:00:09Z", "from": "Running", "to": "Failed", "attempt": 2, "reason": "ExitCode", "actor": "worker"},
-                    {"time": "2025-01-01T00:00:09Z", "from": "Failed", "to": "Dead", "attempt": 2, "reason": "RetriesExhausted", "actor": "ax-operator/a"}
-                ],
-                "attempts": attempts,
-            }
-        }))
-        .unwrap()
-    }
+    use super::fixtures::dead_task;
 
     fn at(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -366,5 +353,41 @@ mod tests {
         let mut unlabelled = pod.clone();
         unlabelled.metadata.labels = None;
         assert_eq!(pod_info(&unlabelled), None);
+    }
+}
+
+/// A task as the front ends' tests read it: Dead after two attempts, with its whole history.
+#[cfg(test)]
+pub mod fixtures {
+    use crate::api::AxTask;
+
+    pub fn dead_task(attempts: serde_json::Value) -> AxTask {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask",
+            "metadata": {"name": "flaky", "namespace": "team-a",
+                         "creationTimestamp": "2025-01-01T00:00:00Z"},
+            "spec": {"type": "flaky", "retry": {"maxRetries": 1},
+                     "template": {"spec": {"containers": []}}},
+            "status": {
+                "phase": "Dead", "attempt": 2, "retries": 1, "reason": "RetriesExhausted",
+                "worker": "flaky-2", "node": "localhost",
+                "deadReason": "2 attempts failed",
+                "lastFailure": {"attempt": 2, "kind": "Retryable", "exitCode": 1, "reason": "ExitCode"},
+                "finishedAt": "2025-01-01T00:00:09Z",
+                "history": [
+                    {"time": "2025-01-01T00:00:00Z", "to": "Pending", "attempt": 0, "reason": "Queued", "actor": "ax-operator/a"},
+                    {"time": "2025-01-01T00:00:01Z", "from": "Pending", "to": "Scheduled", "attempt": 1, "reason": "Dispatched", "actor": "ax-operator/a"},
+                    {"time": "2025-01-01T00:00:02Z", "from": "Scheduled", "to": "Running", "attempt": 1, "reason": "Started", "actor": "ax-operator/a"},
+                    {"time": "2025-01-01T00:00:04Z", "from": "Running", "to": "Failed", "attempt": 1, "reason": "ExitCode", "message": "exit code 1", "actor": "worker"},
+                    {"time": "2025-01-01T00:00:04Z", "from": "Failed", "to": "Pending", "attempt": 1, "reason": "Backoff", "actor": "ax-operator/a"},
+                    {"time": "2025-01-01T00:00:06Z", "from": "Pending", "to": "Scheduled", "attempt": 2, "reason": "Dispatched", "actor": "ax-operator/a"},
+                    {"time": "2025-01-01T00:00:07Z", "from": "Scheduled", "to": "Running", "attempt": 2, "reason": "Started", "actor": "ax-operator/a"},
+                    {"time": "2025-01-01T00:00:09Z", "from": "Running", "to": "Failed", "attempt": 2, "reason": "ExitCode", "actor": "worker"},
+                    {"time": "2025-01-01T00:00:09Z", "from": "Failed", "to": "Dead", "attempt": 2, "reason": "RetriesExhausted", "actor": "ax-operator/a"}
+                ],
+                "attempts": attempts,
+            }
+        }))
+        .unwrap()
     }
 }

@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use maud::{Markup, html};
 
 use crate::api::{AxTask, LABEL_DAG, LABEL_DAG_TASK};
-use crate::client::format::{run_time, time};
+use crate::client::format::time;
 use crate::client::rerun::{
     CancelDecision, RetryDecision, cancel_decision_task, retry_decision_task,
 };
@@ -166,14 +166,7 @@ fn why(task: &AxTask, now: Timestamp) -> Markup {
 }
 
 fn card(ns: &str, task: &str, a: &AttemptRow, now: Timestamp) -> Markup {
-    let from = a.started.or(a.scheduled);
-    let duration = match (from, a.finished) {
-        (Some(s), Some(f)) => run_time(f.duration_since(s)),
-        (Some(s), None) if a.outcome.is_none() => {
-            format!("{} so far", run_time(now.duration_since(s)))
-        }
-        _ => String::new(),
-    };
+    let duration = a.duration(now);
     let outcome = a.outcome.clone().unwrap_or_else(|| "running".into());
     html! {
         div class=(format!("card attempt phase-{outcome}")) data-attempt=(a.attempt) {

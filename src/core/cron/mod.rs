@@ -15,6 +15,8 @@ pub mod schedule;
 pub mod status;
 
 #[cfg(test)]
+pub mod fixtures;
+#[cfg(test)]
 mod tests;
 
 pub use firing::{

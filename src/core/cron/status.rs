@@ -191,19 +191,7 @@ mod tests {
     use super::*;
     use crate::api::MisfirePolicy;
 
-    fn cron(name: &str, spec: serde_json::Value) -> AxCron {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "ax.dev/v1alpha1",
-            "kind": "AxCron",
-            "metadata": {"name": name, "namespace": "ns", "uid": "u-1", "generation": 1},
-            "spec": spec,
-        }))
-        .expect("an AxCron")
-    }
-
-    fn task() -> serde_json::Value {
-        serde_json::json!({"type": "t", "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}})
-    }
+    use crate::core::cron::fixtures::{cron, task};
 
     fn invalid(c: &AxCron) -> InvalidCron {
         validate(c, "u-1").unwrap_err()
