@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, LazyLock};
 
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +33,15 @@ impl PodTemplate {
     /// written (which is a template, an invalid one).
     pub fn is_absent(&self) -> bool {
         Arc::ptr_eq(&self.0, &ABSENT)
+    }
+
+    /// The pod's containers; none when it has no pod spec.
+    pub fn containers(&self) -> &[Container] {
+        self.0
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default()
     }
 }
 

@@ -276,12 +276,7 @@ pub fn soft_deadline(spec: &AxTaskSpec, status: &AxTaskStatus) -> Option<Timesta
 /// Whether the main container has a readiness or liveness probe: then it answers "are you still
 /// there" itself.
 pub fn main_has_probe(spec: &AxTaskSpec) -> bool {
-    let containers = spec
-        .template
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default();
+    let containers = spec.template.containers();
     let annotations = spec
         .template
         .metadata

@@ -88,12 +88,7 @@ pub fn validate(spec: &AxTaskSpec) -> Result<(), TaskSpecError> {
             annotations,
         });
     }
-    let containers = spec
-        .template
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default();
+    let containers = spec.template.containers();
     if containers.is_empty() {
         return Err(TaskSpecError::NoContainer);
     }
