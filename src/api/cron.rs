@@ -21,6 +21,7 @@ pub const ANNOTATION_CATCH_UP: &str = "ax.dev/catch-up";
     group = "ax.dev",
     version = "v1alpha1",
     kind = "AxCron",
+    doc = "Runs an AxTask or an AxDag on a cron schedule: one child per scheduled time.",
     namespaced,
     status = "AxCronStatus",
     shortname = "axc",
@@ -144,7 +145,9 @@ pub enum MisfirePolicy {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingChild {
+    /// The child's name, `<cron>-<scheduled unix time>`.
     pub name: String,
+    /// The scheduled time it was fired for.
     #[schemars(schema_with = "date_time")]
     pub scheduled_time: Timestamp,
     /// For a missed time (its child is annotated `ax.dev/catch-up`).
@@ -152,6 +155,7 @@ pub struct PendingChild {
     pub catch_up: bool,
 }
 
+/// What the cron has fired and when it fires next, as the operator last saw it.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AxCronStatus {
@@ -188,6 +192,7 @@ pub struct AxCronStatus {
     /// `Suspended`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

@@ -20,6 +20,7 @@ pub const LABEL_DAG_TASK: &str = "ax.dev/dag-task";
     group = "ax.dev",
     version = "v1alpha1",
     kind = "AxDag",
+    doc = "Tasks with dependencies: each runs as a child AxTask once the tasks it depends on succeeded.",
     namespaced,
     status = "AxDagStatus",
     shortname = "axd",
@@ -160,6 +161,7 @@ pub struct DagNodeStatus {
     pub task: Option<String>,
 }
 
+/// Where the DAG and each of its tasks stand, as the operator last saw them.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AxDagStatus {
@@ -184,6 +186,7 @@ pub struct AxDagStatus {
     /// `Ready` (true once Succeeded) and `InvalidSpec` (true when the graph cannot run).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// The last `spec.rerun` acted on.

@@ -6,6 +6,9 @@ pub mod queue;
 pub mod task;
 pub mod template;
 
+#[cfg(test)]
+mod description_tests;
+
 pub use cron::*;
 pub use dag::*;
 pub use queue::*;
@@ -20,14 +23,19 @@ use serde::{Deserialize, Serialize};
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// The condition's type in CamelCase (`Ready`, `Queued`, `InvalidSpec`, …).
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// Why it is so, in one CamelCase word.
     pub reason: String,
+    /// Details for people.
     #[serde(default)]
     pub message: String,
+    /// When `status` last changed.
     pub last_transition_time: Time,
+    /// The `metadata.generation` it was set for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

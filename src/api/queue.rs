@@ -19,6 +19,7 @@ pub const DEFAULT_QUEUE: &str = "default";
     group = "ax.dev",
     version = "v1alpha1",
     kind = "AxQueue",
+    doc = "A queue of AxTasks: priority buckets dispatched by weighted round robin under concurrency limits, a retry rate limit and circuit breakers per task type.",
     status = "AxQueueStatus",
     shortname = "axq",
     category = "ax",
@@ -118,15 +119,19 @@ fn type_limits(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueWeights {
+    /// Share of dispatches of the Critical bucket (default 4).
     #[serde(default = "weight_critical")]
     #[schemars(range(min = 0, max = 1000))]
     pub critical: i32,
+    /// Share of dispatches of the High bucket (default 3).
     #[serde(default = "weight_high")]
     #[schemars(range(min = 0, max = 1000))]
     pub high: i32,
+    /// Share of dispatches of the Normal bucket (default 2).
     #[serde(default = "weight_normal")]
     #[schemars(range(min = 0, max = 1000))]
     pub normal: i32,
+    /// Share of dispatches of the Low bucket (default 1).
     #[serde(default = "weight_low")]
     #[schemars(range(min = 0, max = 1000))]
     pub low: i32,
@@ -161,15 +166,19 @@ fn weight_low() -> i32 {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MaxWaitSeconds {
+    /// Longest wait of the next Critical task, in seconds (default 0: no limit).
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub critical: i64,
+    /// Longest wait of the next High task, in seconds (default 0: no limit).
     #[serde(default)]
     #[schemars(range(min = 0))]
     pub high: i64,
+    /// Longest wait of the next Normal task, in seconds (default 30).
     #[serde(default = "max_wait_normal")]
     #[schemars(range(min = 0))]
     pub normal: i64,
+    /// Longest wait of the next Low task, in seconds (default 120): low priorities never starve.
     #[serde(default = "max_wait_low")]
     #[schemars(range(min = 0))]
     pub low: i64,
@@ -245,8 +254,10 @@ fn breaker_open_seconds() -> i64 {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WeightScheduleEntry {
+    /// Start of the window, `HH:MM` (24-hour), inclusive.
     #[schemars(length(min = 1, max = 5))]
     pub from: String,
+    /// End of the window, `HH:MM` (24-hour), exclusive.
     #[schemars(length(min = 1, max = 5))]
     pub to: String,
     /// An IANA time zone such as `Europe/Berlin`.
@@ -289,6 +300,8 @@ impl Default for WeightScheduleEntry {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueConcurrencyPolicy {
+    /// `Fixed` (default): `concurrency` as written; `Adaptive`: lowered while worker pods cannot be
+    /// placed or nodes are under pressure, raised again as they are placed.
     #[serde(default)]
     pub mode: ConcurrencyMode,
     /// `Adaptive` never goes below this (unless the limit in force is lower: a window's
@@ -330,6 +343,7 @@ fn default_time_zone() -> String {
     "UTC".into()
 }
 
+/// What the queue holds and the limits in force, as the operator last saw them.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AxQueueStatus {
@@ -387,9 +401,12 @@ pub struct AxQueueStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueLimits {
+    /// Most tasks Scheduled or Running at once.
     pub concurrency: i64,
+    /// Per task type, most of its tasks Scheduled or Running at once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub type_concurrency: BTreeMap<String, i64>,
+    /// Most retries dispatched per minute.
     pub retry_rate_per_minute: i64,
 }
 
@@ -399,8 +416,11 @@ pub struct QueueLimits {
 pub struct ActiveWindow {
     /// Its index in `spec.weightSchedule`.
     pub index: i64,
+    /// Its start, `HH:MM`.
     pub from: String,
+    /// Its end, `HH:MM`.
     pub to: String,
+    /// The IANA time zone it is read in.
     pub time_zone: String,
 }
 
@@ -408,12 +428,16 @@ pub struct ActiveWindow {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ConcurrencyChange {
+    /// When it changed.
     #[schemars(schema_with = "super::date_time")]
     pub time: jiff::Timestamp,
+    /// The concurrency before.
     pub from: i64,
+    /// The concurrency after.
     pub to: i64,
     /// `PodsUnschedulable`, `NodePressure` (lowered) or `PodsPlaced` (raised).
     pub reason: String,
+    /// What the policy saw, in words.
     #[serde(default)]
     pub message: String,
 }
@@ -436,15 +460,20 @@ pub struct CircuitStatus {
     pub reopens_at: Option<Timestamp>,
 }
 
+/// Waiting tasks per priority bucket.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingCounts {
+    /// Critical tasks waiting.
     #[serde(default)]
     pub critical: i64,
+    /// High tasks waiting.
     #[serde(default)]
     pub high: i64,
+    /// Normal tasks waiting.
     #[serde(default)]
     pub normal: i64,
+    /// Low tasks waiting.
     #[serde(default)]
     pub low: i64,
 }

@@ -15,6 +15,7 @@ use super::{Condition, PodTemplate, date_time, preserve_unknown_object};
     group = "ax.dev",
     version = "v1alpha1",
     kind = "AxTask",
+    doc = "One unit of work: queued by priority, run as a worker Pod, retried with backoff, its every state change recorded.",
     namespaced,
     status = "AxTaskStatus",
     shortname = "axt",
@@ -61,9 +62,11 @@ pub struct AxTaskSpec {
     #[schemars(schema_with = "preserve_unknown_object")]
     pub template: PodTemplate,
 
+    /// How long an attempt may take: a soft timeout checks the worker is alive, a hard one kills it.
     #[serde(default)]
     pub timeout: TimeoutSpec,
 
+    /// How many times, how soon and on which exit codes a failed attempt is retried.
     #[serde(default)]
     pub retry: RetrySpec,
 
@@ -174,6 +177,7 @@ pub struct RetrySpec {
     #[serde(default = "default_max_retries")]
     #[schemars(range(min = 0, max = 1000))]
     pub max_retries: i32,
+    /// The delay before each retry: exponential, capped, with random jitter.
     #[serde(default)]
     pub backoff: BackoffSpec,
     /// No new attempt starts later than this long after the first dispatch.
@@ -230,15 +234,20 @@ pub enum PodReplacementPolicy {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackoffSpec {
+    /// Delay before the first retry, in seconds (default 1).
     #[serde(default = "default_base_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub base_seconds: i64,
+    /// Each retry waits this many times longer than the one before (default 2).
     #[serde(default = "default_factor")]
     #[schemars(range(min = 1.0, max = 10.0))]
     pub factor: f64,
+    /// Longest delay before a retry, in seconds, before jitter (default 300).
     #[serde(default = "default_max_seconds")]
     #[schemars(range(min = 0, max = 86400))]
     pub max_seconds: i64,
+    /// Up to this many milliseconds, at random, added to each delay so retries spread out
+    /// (default 500).
     #[serde(default = "default_jitter_millis")]
     #[schemars(range(min = 0, max = 600000))]
     pub jitter_millis: i64,
@@ -271,13 +280,16 @@ fn default_jitter_millis() -> i64 {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RetryRule {
+    /// The main container's exit codes this rule applies to.
     pub on_exit_codes: ExitCodeMatch,
+    /// What a matching failure does: `Retry`, `Dead` or `Ignore`.
     pub action: RuleAction,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExitCodeMatch {
+    /// `In`: the rule matches the listed codes; `NotIn`: every other code.
     pub operator: ExitCodeOperator,
     /// Container exit codes to match.
     // 64-bit so any integer the API server accepts still deserializes (and simply never matches).
@@ -304,6 +316,8 @@ pub enum RuleAction {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CallbackSpec {
+    /// `http://` or `https://` URL the final status is POSTed to (JSON); private and loopback
+    /// addresses are refused unless the operator's `--callback-allow` admits them.
     #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
     pub url: String,
 }
@@ -355,6 +369,7 @@ impl std::fmt::Display for TaskPhase {
     }
 }
 
+/// Where the task stands, its attempts and every transition, as the operator records them.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AxTaskStatus {
@@ -374,14 +389,17 @@ pub struct AxTaskStatus {
     /// Pod name of the current attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
+    /// Node the current attempt's pod runs (or ran) on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// Reason of the latest transition (shown by `kubectl get -o wide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When the task (or its latest retry) joined its queue: its place in its priority bucket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub queued_at: Option<Timestamp>,
+    /// Pending after a failure: the next attempt is not dispatched before this time (backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub next_attempt_at: Option<Timestamp>,
@@ -389,9 +407,11 @@ pub struct AxTaskStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub scheduled_at: Option<Timestamp>,
+    /// When the current attempt's main container started running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub started_at: Option<Timestamp>,
+    /// When the task reached its terminal phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub finished_at: Option<Timestamp>,
@@ -402,10 +422,13 @@ pub struct AxTaskStatus {
     /// A SoftTimeout warning was already published for this attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub soft_timeout_attempt: Option<i32>,
+    /// The most recent failed attempt: its kind, exit code and reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<Failure>,
+    /// Why the task is Dead, in words (retries exhausted, a non-retryable error, the budget).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_reason: Option<String>,
+    /// Every phase transition, appended, never rewritten (oldest dropped beyond the cap).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
     /// Oldest history entries dropped to keep the list at its cap.
@@ -414,8 +437,10 @@ pub struct AxTaskStatus {
     /// The most recent attempts, oldest first (at most `ATTEMPTS_CAP`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AttemptRecord>,
+    /// `Ready`, `Queued`, `InvalidSpec`, `WorkerTerminating` and the other conditions of the task.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// The last `spec.rerun` acted on.
@@ -445,16 +470,21 @@ pub const ATTEMPTS_CAP: usize = 20;
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptRecord {
+    /// The attempt's number, from 1.
     pub attempt: i32,
     /// Name of the worker pod.
     pub pod: String,
+    /// Node the pod ran on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// When the attempt was dispatched.
     #[schemars(schema_with = "date_time")]
     pub scheduled_at: Timestamp,
+    /// When its main container started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub started_at: Option<Timestamp>,
+    /// When it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub finished_at: Option<Timestamp>,
@@ -462,8 +492,10 @@ pub struct AttemptRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_phase")]
     pub outcome: Option<TaskPhase>,
+    /// The main container's exit code, if it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// How a failure was classified: `Retryable`, `NonRetryable`, `Infrastructure` or `Timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_kind: Option<FailureKind>,
     /// Why it ended (`Completed`, `ExitCode`, `HardTimeout`, …).
@@ -474,11 +506,16 @@ pub struct AttemptRecord {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Failure {
+    /// The attempt that failed.
     pub attempt: i32,
+    /// How it was classified: `Retryable`, `NonRetryable`, `Infrastructure` or `Timeout`.
     pub kind: FailureKind,
+    /// The main container's exit code, if it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// Why, in one CamelCase word (`ExitCode`, `Evicted`, `HardTimeout`, …).
     pub reason: String,
+    /// Details: the termination message or what the operator saw.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }
@@ -509,15 +546,20 @@ impl FailureKind {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryEntry {
+    /// When the transition happened.
     #[schemars(schema_with = "date_time")]
     pub time: Timestamp,
     /// Absent for the first entry of a new task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "optional_phase")]
     pub from: Option<TaskPhase>,
+    /// The phase entered.
     pub to: TaskPhase,
+    /// The attempt it belongs to (0 before the first dispatch).
     pub attempt: i32,
+    /// Why, in one CamelCase word (`Dispatched`, `Completed`, `RetryScheduled`, …).
     pub reason: String,
+    /// Details, when there are any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// `ax-operator/<pod>`, `user` or `worker`.
