@@ -4,7 +4,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, AxTaskStatus, Condition, FailureKind, TaskPhase};
 use common::sim::{SimWorker, sim_task_with};
@@ -830,5 +830,35 @@ async fn a_repeated_event_counts_up_its_series_and_another_note_is_its_own_event
             "Flapping Events: want {want:?}, have {seen:?}"
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// `kubectl explain` reads the descriptions the API server publishes for the CRDs: the kind, a
+/// field deep in the spec, and the status of each kind teach what they are.
+#[tokio::test]
+async fn kubectl_explain_teaches_the_kinds_and_their_fields() {
+    let cases = [
+        ("axtask", "One unit of work"),
+        (
+            "axtask.spec.retry.backoff.jitterMillis",
+            "retries spread out",
+        ),
+        ("axtask.status.lastFailure.kind", "How it was classified"),
+        ("axqueue.spec.weights.low", "Low bucket"),
+        ("axdag.status", "Where the DAG"),
+        ("axcron.status.pendingChildren.name", "scheduled unix time"),
+    ];
+    for (path, words) in cases {
+        // The API server publishes a CRD's OpenAPI a moment after it is applied.
+        let deadline = Instant::now() + LONG;
+        loop {
+            let (ok, out, err) = run_kubectl(&["explain", path], None);
+            let text = out.split_whitespace().collect::<Vec<_>>().join(" ");
+            if ok && text.contains(words) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{path}: {text} {err}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 }
