@@ -459,6 +459,9 @@ import_images() {
     import_image_archive "$archive" 2>>"$LOGS/images.log" \
       || up_failed "image $reference" "could not be imported into containerd" "$LOGS/images.log"
   done
+  image_present "$BUSYBOX_PUBLIC_IMAGE" \
+    || ctr_cluster images tag "$BUSYBOX_IMAGE" "$BUSYBOX_PUBLIC_IMAGE" >/dev/null 2>>"$LOGS/images.log" \
+    || up_failed "image $BUSYBOX_PUBLIC_IMAGE" "could not be tagged from $BUSYBOX_IMAGE" "$LOGS/images.log"
 }
 
 wait_node_ready() {
@@ -658,6 +661,8 @@ cmd_up() {
       say "cluster up failed: the kubernetes Service could not be routed to the API server (log: $LOGS/service-vip.log)" >&2
       exit 1
     fi
+    # Clusters started before the examples used busybox:1.36 get that name now.
+    import_images
     if [ -n "$sim_nodes" ]; then
       ensure_sim "$sim_nodes"
       [ ${#PHASES[@]} -eq 0 ] || print_timings

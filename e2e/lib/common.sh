@@ -22,6 +22,9 @@ CONTAINERD_SOCK=$STATE/containerd/containerd.sock
 
 PAUSE_IMAGE=localhost/ax-pause:k8s-$K8S_VERSION
 BUSYBOX_IMAGE=localhost/ax-busybox:1
+# The same image under the public name the examples use (`busybox:1.36`, IfNotPresent), so they
+# run unchanged here and on any cluster that can pull from Docker Hub.
+BUSYBOX_PUBLIC_IMAGE=docker.io/library/busybox:1.36
 NODE_NAME=localhost
 # The first address of kube-apiserver's --service-cluster-ip-range: the `kubernetes` Service.
 KUBERNETES_SERVICE_IP=10.96.0.1

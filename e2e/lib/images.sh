@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Building FROM-scratch images with podman and importing them into the cluster's containerd.
-# Sourced after common.sh. There is no registry: pods use these images with imagePullPolicy: Never.
+# Sourced after common.sh. There is no registry: pods use these images with imagePullPolicy Never
+# or IfNotPresent (the examples' `busybox:1.36` is a second name of the busybox image).
 
 # podman with a private, throwaway vfs store, so nothing outside the build dir is touched.
 podman_private() {

@@ -25,8 +25,8 @@ spec:
     spec:
       containers:
         - name: worker
-          image: localhost/ax-busybox:1
-          imagePullPolicy: Never
+          image: busybox:1.36
+          imagePullPolicy: IfNotPresent
           command: [sh, -c, 'echo \"$AX_PAYLOAD\"']
 ";
 
@@ -337,7 +337,7 @@ pub fn render(
                 (namespace_input("form"))
                 (field("name", "Name", "metadata.name", text("name", "generated from the type")))
                 (field("type", "Type", "spec.type", text("type", "e.g. report")))
-                (field("image", "Image", "spec.template.spec.containers[0].image", text("image", "localhost/ax-busybox:1")))
+                (field("image", "Image", "spec.template.spec.containers[0].image", text("image", "e.g. busybox:1.36")))
                 (field("pullPolicy", "Pull policy", "spec.template.spec.containers[0].imagePullPolicy", html! {
                     select id="f-pullPolicy" name="pullPolicy" {
                         @for p in ["", "IfNotPresent", "Always", "Never"] {
