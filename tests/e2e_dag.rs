@@ -224,8 +224,27 @@ async fn fail_fast_skips_the_rest_after_a_dead_task() {
     let [pod] = pods.as_slice() else {
         panic!("c should have one worker pod, has {}", pods.len());
     };
+    assert_eq!(condition(&running, "Failed").status, "False");
     kubectl_ok(&["exec", "-n", &ns, &pod.name_any(), "--", "touch", "/tmp/go"]);
+    // `kubectl wait --for=condition=Failed` ends when the DAG fails.
+    let ns_wait = ns.clone();
+    let waited = tokio::task::spawn_blocking(move || {
+        let args = [
+            "wait",
+            "-n",
+            &ns_wait,
+            "--for=condition=Failed",
+            "axdag/ff",
+            "--timeout=180s",
+        ];
+        run_kubectl(&args, None)
+    });
     let dag = wait_dag_phase(&client, &ns, "ff", DagPhase::Failed, LONG).await;
+    let (ok, out, err) = waited.await.expect("kubectl wait thread");
+    assert!(
+        ok,
+        "kubectl wait --for=condition=Failed axdag/ff: {out}{err}"
+    );
     let kids = children(&client, &ns, "ff").await;
 
     // b died; c was running then and finished; nothing else started.

@@ -191,6 +191,63 @@ async fn always_failing_task_dies_after_max_retries() {
     wait_event_occurrences(&client, &ns, "always-fails", "ExitCode", 3).await;
 }
 
+/// `kubectl wait --for=condition=TYPE KIND/NAME`, off the async test's thread: whether it ended
+/// in time, and what it said.
+async fn kubectl_wait(ns: &str, condition: &str, object: &str) -> (bool, String) {
+    let args = [
+        "wait".to_string(),
+        "-n".into(),
+        ns.into(),
+        format!("--for=condition={condition}"),
+        object.into(),
+        "--timeout=180s".into(),
+    ];
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, out, err) = run_kubectl(&args, None);
+        (ok, format!("{out}{err}"))
+    })
+    .await
+    .expect("kubectl wait thread")
+}
+
+#[tokio::test]
+async fn kubectl_wait_ends_on_failed_for_a_dead_task_and_on_ready_for_a_succeeded_one() {
+    let client = client().await;
+    let ns = namespace(&client, "kubectl-wait").await;
+    let doomed = example("always-fails.yaml", "doomed", |t| {
+        t["spec"]["retry"]["maxRetries"] = serde_json::json!(0);
+    });
+    create_all(
+        &client,
+        &ns,
+        vec![doomed, example("hello.yaml", "fine", |_| {})],
+    )
+    .await;
+    // Both started before either condition exists: each wait ends only when its condition does.
+    let (failed, ready) = tokio::join!(
+        kubectl_wait(&ns, "Failed", "axtask/doomed"),
+        kubectl_wait(&ns, "Ready", "axtask/fine"),
+    );
+    assert!(
+        failed.0,
+        "kubectl wait --for=condition=Failed: {}",
+        failed.1
+    );
+    assert!(ready.0, "kubectl wait --for=condition=Ready: {}", ready.1);
+    let doomed = wait_phase(&client, &ns, "doomed", TaskPhase::Dead, LONG).await;
+    let failed = doomed.status.as_ref().unwrap().condition("Failed").unwrap();
+    assert_eq!(
+        (failed.status.as_str(), failed.reason.as_str()),
+        ("True", "Dead")
+    );
+    let fine = wait_phase(&client, &ns, "fine", TaskPhase::Succeeded, LONG).await;
+    assert!(
+        fine.status.unwrap().condition("Failed").is_none(),
+        "a task that never went Dead has no Failed condition"
+    );
+}
+
 #[tokio::test]
 async fn hard_timeout_kills_the_worker_and_retries() {
     let (client, ns, t) =

@@ -191,6 +191,7 @@ pub struct AxCronStatus {
     /// `InvalidSpec` (the schedule, time zone or template cannot be used, and why) and
     /// `Suspended`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status was decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]

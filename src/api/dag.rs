@@ -183,8 +183,10 @@ pub struct AxDagStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub finished_at: Option<Timestamp>,
-    /// `Ready` (true once Succeeded) and `InvalidSpec` (true when the graph cannot run).
+    /// `Ready` (true once Succeeded), `Failed` (true once Failed) and `InvalidSpec` (true when the graph
+    /// cannot run).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status was decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]

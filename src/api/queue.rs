@@ -378,6 +378,7 @@ pub struct AxQueueStatus {
     pub retry_tokens: i64,
     /// `InvalidSpec`: true while the spec cannot be applied (the previous configuration stays).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The last generation the operator has seen (`InvalidSpec` says whether it is in force).
     #[serde(default, skip_serializing_if = "Option::is_none")]

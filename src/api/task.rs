@@ -437,8 +437,10 @@ pub struct AxTaskStatus {
     /// The most recent attempts, oldest first (at most `ATTEMPTS_CAP`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AttemptRecord>,
-    /// `Ready`, `Queued`, `InvalidSpec`, `WorkerTerminating` and the other conditions of the task.
+    /// `Ready`, `Failed` (once Dead), `Queued`, `WorkerTerminating` and the other conditions of the task,
+    /// one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The `metadata.generation` this status was decided on.
     #[serde(default, skip_serializing_if = "Option::is_none")]

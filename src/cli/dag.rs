@@ -45,7 +45,11 @@ pub fn render(dag: &AxDag) -> String {
     for c in status
         .conditions
         .iter()
-        .filter(|c| c.status == "True" && c.type_ != conditions::READY)
+        // Ready and Failed restate the phase.
+        .filter(|c| {
+            c.status == "True"
+                && ![conditions::READY, conditions::FAILED].contains(&c.type_.as_str())
+        })
     {
         out.push_str(&format!("{}: {}: {}\n", c.type_, c.reason, c.message));
     }

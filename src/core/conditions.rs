@@ -7,8 +7,8 @@
 //!
 //! | kind    | types                                                                   |
 //! |---------|-------------------------------------------------------------------------|
-//! | AxTask  | `Ready`, `Queued`, `CircuitOpen`, `WorkerTerminating`, `RerunRequested`, `CallbackDelivered` |
-//! | AxDag   | `Ready`, `InvalidSpec`                                                  |
+//! | AxTask  | `Ready`, `Failed`, `Queued`, `CircuitOpen`, `WorkerTerminating`, `RerunRequested`, `CallbackDelivered` |
+//! | AxDag   | `Ready`, `Failed`, `InvalidSpec`                                        |
 //! | AxQueue | `InvalidSpec`                                                           |
 //! | AxCron  | `InvalidSpec`, `Suspended`                                              |
 
@@ -19,6 +19,10 @@ use crate::api::Condition;
 
 /// True once a task or DAG succeeded; its reason says how it ended otherwise.
 pub const READY: &str = "Ready";
+/// True once a task is Dead or a DAG Failed, so `kubectl wait --for=condition=Failed` ends where
+/// `--for=condition=Ready` never will. A task has it from its first Dead on (False again after a
+/// re-run); a DAG always.
+pub const FAILED: &str = "Failed";
 /// What holds a waiting task (its reason is a `HeldReason`).
 pub const QUEUED: &str = "Queued";
 /// A task held because its type's circuit is open.

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 
 use super::{Evaluation, Graph};
 use crate::api::{AxDag, AxDagStatus, AxTask, DagNodePhase, DagNodeStatus, DagPhase, TaskPhase};
-use crate::core::conditions::{INVALID_SPEC, READY, condition, reason};
+use crate::core::conditions::{FAILED, INVALID_SPEC, READY, condition, reason};
 
 /// A child the task controller has not seen yet, or whose re-run request it has not acted on yet,
 /// is Pending.
@@ -100,6 +100,15 @@ pub fn graph_status(
         ),
         condition(
             &before.conditions,
+            FAILED,
+            phase == DagPhase::Failed,
+            ready_reason,
+            &ready_message,
+            generation,
+            now,
+        ),
+        condition(
+            &before.conditions,
             INVALID_SPEC,
             false,
             reason::VALID,
@@ -140,6 +149,15 @@ pub fn invalid_status(
                 false,
                 reason::INVALID_SPEC,
                 "the DAG cannot run",
+                generation,
+                now,
+            ),
+            condition(
+                &before.conditions,
+                FAILED,
+                true,
+                reason::INVALID_SPEC,
+                message,
                 generation,
                 now,
             ),
@@ -250,6 +268,46 @@ mod tests {
                 ("a".to_owned(), TaskPhase::Succeeded),
                 ("e".to_owned(), TaskPhase::Pending),
             ])
+        );
+    }
+
+    fn condition_of(status: &AxDagStatus, type_: &str) -> (String, String) {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("no {type_} condition in {:?}", status.conditions));
+        (c.status.clone(), c.reason.clone())
+    }
+
+    #[test]
+    fn failed_is_true_exactly_when_the_dag_failed_so_kubectl_wait_ends() {
+        use super::super::{DagNode, FailurePolicy, evaluate, validate};
+        let graph = validate("d", &[DagNode::new("a", &[]), DagNode::new("b", &["a"])]).unwrap();
+        let dag = AxDag::new("d", Default::default());
+        let now = Timestamp::UNIX_EPOCH;
+        let status_with = |children: &[(&str, TaskPhase)]| {
+            let children = children
+                .iter()
+                .map(|(name, phase)| (name.to_string(), *phase))
+                .collect();
+            let evaluation = evaluate(&graph, &children, FailurePolicy::FailFast, None, false);
+            graph_status(&graph, &dag, &AxDagStatus::default(), &evaluation, now)
+        };
+        let false_ = |reason: &str| ("False".to_string(), reason.to_string());
+        let running = status_with(&[("a", TaskPhase::Running)]);
+        assert_eq!(condition_of(&running, FAILED), false_("Running"));
+        let failed = status_with(&[("a", TaskPhase::Dead)]);
+        assert_eq!(failed.phase, Some(DagPhase::Failed));
+        assert_eq!(condition_of(&failed, FAILED).0, "True");
+        assert_eq!(condition_of(&failed, READY).0, "False");
+        let done = status_with(&[("a", TaskPhase::Succeeded), ("b", TaskPhase::Succeeded)]);
+        assert_eq!(condition_of(&done, READY).0, "True");
+        assert_eq!(condition_of(&done, FAILED).0, "False");
+        let invalid = invalid_status(&dag, &AxDagStatus::default(), "a -> a", now);
+        assert_eq!(
+            condition_of(&invalid, FAILED),
+            ("True".to_string(), reason::INVALID_SPEC.to_string())
         );
     }
 

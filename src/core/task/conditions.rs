@@ -1,4 +1,4 @@
-//! A task's conditions: `Ready`, `Queued` (what holds a waiting task), `CircuitOpen`,
+//! A task's conditions: `Ready`, `Failed` (from the first Dead on), `Queued` (what holds a waiting task), `CircuitOpen`,
 //! `WorkerTerminating` (a pod that should not run is still stopping), `RerunRequested` and
 //! `CallbackDelivered`: what each means for a task. The types, reasons and the builder are
 //! `core::conditions`'.
@@ -13,7 +13,7 @@ use crate::core::conditions::{self, reason};
 use crate::core::queue::{HeldReason, estimate};
 
 pub use crate::core::conditions::{
-    CALLBACK_DELIVERED, CIRCUIT_OPEN, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
+    CALLBACK_DELIVERED, CIRCUIT_OPEN, FAILED, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
 };
 
 /// How a callback delivery ended.
@@ -84,6 +84,21 @@ pub(super) fn update(
         generation,
         now,
     );
+
+    // Only a task that went Dead has it: one condition less on every other task's status.
+    let failed = phase == TaskPhase::Dead;
+    if failed || status.condition(FAILED).is_some() {
+        let message = if failed { ready_message.as_str() } else { "" };
+        conditions::set(
+            &mut status.conditions,
+            FAILED,
+            failed,
+            phase.as_str(),
+            message,
+            generation,
+            now,
+        );
+    }
 
     let (queued, queued_reason, queued_message) = queued(status, inputs, &fenced, now);
     conditions::set(

@@ -13,7 +13,7 @@ use jiff::Timestamp;
 
 use super::QueueState;
 use super::conditions::{
-    CALLBACK_DELIVERED, CIRCUIT_OPEN, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
+    CALLBACK_DELIVERED, CIRCUIT_OPEN, FAILED, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
 };
 use crate::api::{AxTask, AxTaskStatus, Condition, Priority, TaskPhase};
 use crate::core::conditions::reason;
@@ -228,6 +228,8 @@ fn canonical_conditions(
     };
     status.conditions.iter().all(|c| match c.type_.as_str() {
         READY => is(c, ready_value, ready_reason, ready_message),
+        FAILED if phase == TaskPhase::Dead => is(c, "True", phase.as_str(), ready_message),
+        FAILED => is(c, "False", phase.as_str(), ""),
         QUEUED => match queued {
             QueuedAs::Held(reason, message) => {
                 *reason != HeldReason::CircuitOpen && is(c, "True", reason.as_str(), message)
@@ -247,6 +249,7 @@ fn canonical_conditions(
         _ => false,
     }) && has(status, READY)
         && has(status, QUEUED)
+        && (phase != TaskPhase::Dead || has(status, FAILED))
 }
 
 fn has(status: &AxTaskStatus, type_: &str) -> bool {

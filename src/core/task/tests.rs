@@ -375,6 +375,10 @@ fn running_task_succeeds_when_the_main_container_exits_zero() {
     assert_eq!(d.queue, QueueState::Done);
     assert_eq!(d.outcome, Some(Outcome::Succeeded));
     assert_eq!(condition_is(&d.status, "Ready"), pair("True", "Succeeded"));
+    assert!(
+        d.status.condition("Failed").is_none(),
+        "only a task that went Dead carries Failed"
+    );
     let record = &d.status.attempts[0];
     assert_eq!(
         (record.outcome, record.exit_code, record.finished_at),
@@ -439,6 +443,11 @@ fn retries_exhausted_goes_dead() {
             .contains("all 0 retries used")
     );
     assert_eq!(d.queue, QueueState::Done);
+    // `kubectl wait --for=condition=Failed` ends here; Ready stays False.
+    assert_eq!(condition_is(&d.status, "Failed"), pair("True", "Dead"));
+    assert_eq!(condition_is(&d.status, "Ready"), pair("False", "Dead"));
+    let failed = d.status.condition("Failed").unwrap();
+    assert_eq!(Some(failed.message.as_str()), d.status.reason.as_deref());
 }
 
 #[test]
@@ -1067,6 +1076,11 @@ fn a_rerun_starts_a_dead_task_again_with_retries_and_budget_reset() {
         "budget counted from the re-run"
     );
     assert_eq!(st.dead_reason, None);
+    assert_eq!(
+        condition_is(st, "Failed"),
+        pair("False", "Scheduled"),
+        "a re-run is no longer Failed"
+    );
     assert!(st.history.len() > 4, "history kept");
     // The same request seen again changes nothing more.
     let again = at(&s, st, &[pod(1, Exited(1)), pod(2, Run)], t(21));
@@ -2151,6 +2165,13 @@ fn a_backlog_task_and_a_finished_one_are_settled_and_idle() {
     assert_eq!(done.phase, Some(Succeeded));
     let settled = Settled::of(&task_of(&s, &done), true).expect("a finished task is settled");
     let idle = settled.idle(Some(1), false, None, &[pod(1, Exited(0))], t(50));
+    assert_eq!(idle.map(|i| i.queue), Some(QueueState::Done));
+    let mut once = s.clone();
+    once.retry.max_retries = 0;
+    let dead = at(&once, &running(&once), &[pod(1, Exited(1))], t(9)).status;
+    assert_eq!(dead.phase, Some(Dead));
+    let settled = Settled::of(&task_of(&once, &dead), true).expect("a Dead task is settled");
+    let idle = settled.idle(Some(1), false, None, &[pod(1, Exited(1))], t(50));
     assert_eq!(idle.map(|i| i.queue), Some(QueueState::Done));
     // A running or retried task is not.
     assert!(Settled::of(&task_of(&s, &running(&s)), true).is_none());
