@@ -73,6 +73,7 @@ phase_done build ok
 unit_tests() { cargo test --lib --bins && cargo test -p ax-sim -p ax-bench --lib --bins; }
 run_phase "unit and property tests" unit_tests
 run_phase "crds up to date" crds_fresh
+run_phase "docs links" cargo test --test docs_links
 
 phase "cluster up"
 # In CI, start from nothing: a cluster left by an earlier run (or its leftovers, if its processes
@@ -92,6 +93,7 @@ run_phase "helm lint" "$HELM" lint --strict charts/ax-operator
 # tests (tests/monitoring/alerts.test.yaml). No cluster needed; promtool comes with Debian's
 # prometheus, which install.sh installs.
 run_phase "chart monitoring (promtool)" cargo test --test chart_monitoring
+run_phase "chart values (helm)" cargo test --test chart_values
 
 phase "install CRDs, RBAC, operator"
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
