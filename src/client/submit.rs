@@ -66,8 +66,9 @@ pub struct TaskFields {
     /// Delete the task this long after it finished: seconds, or a duration.
     #[arg(long)]
     pub ttl: Option<String>,
-    /// Label of the task, `KEY=VALUE` (repeatable).
-    #[arg(long = "label", short = 'L')]
+    /// Label of the task, `KEY=VALUE` (repeatable). No short form: kubectl's `-L` means
+    /// `--label-columns`.
+    #[arg(long = "label")]
     pub labels: Vec<String>,
 }
 
