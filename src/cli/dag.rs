@@ -45,11 +45,7 @@ pub fn render(dag: &AxDag) -> String {
     for c in status
         .conditions
         .iter()
-        // Ready and Failed restate the phase.
-        .filter(|c| {
-            c.status == "True"
-                && ![conditions::READY, conditions::FAILED].contains(&c.type_.as_str())
-        })
+        .filter(|c| c.status == "True" && !conditions::restates_phase(&c.type_))
     {
         out.push_str(&format!("{}: {}: {}\n", c.type_, c.reason, c.message));
     }

@@ -23,6 +23,11 @@ pub const READY: &str = "Ready";
 /// `--for=condition=Ready` never will. A task has it from its first Dead on (False again after a
 /// re-run); a DAG always.
 pub const FAILED: &str = "Failed";
+
+/// `Ready` and `Failed` restate the phase: views that show the phase leave them out.
+pub fn restates_phase(type_: &str) -> bool {
+    type_ == READY || type_ == FAILED
+}
 /// What holds a waiting task (its reason is a `HeldReason`).
 pub const QUEUED: &str = "Queued";
 /// A task held because its type's circuit is open.

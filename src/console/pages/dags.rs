@@ -133,7 +133,7 @@ pub fn page(dag: &AxDag, now: Timestamp) -> Markup {
             dt { "Created" } dd { (ago(now, dag.metadata.creation_timestamp.as_ref().map(|t| t.0))) " ago" }
             @if dag.spec.cancel { dt { "Cancel" } dd { "requested" } }
         }
-        @for c in s.conditions.iter().filter(|c| c.status == "True" && ![conditions::READY, conditions::FAILED].contains(&c.type_.as_str())) {
+        @for c in s.conditions.iter().filter(|c| c.status == "True" && !conditions::restates_phase(&c.type_)) {
             div.problem { (c.type_) ": " (c.reason) ": " (c.message) }
         }
         div.graph { (graph(dag)) }
