@@ -338,7 +338,10 @@ async fn image_errors_retry_as_infrastructure_up_to_the_bound_or_stop_at_once() 
         v["spec"]["retry"]["maxInfrastructureRetries"] = 2.into();
     });
     let never = shell_task("never-pull", "exit 0", |v| {
-        v["spec"]["template"]["spec"]["containers"][0]["image"] = "localhost/ax-absent:1".into();
+        let c = &mut v["spec"]["template"]["spec"]["containers"][0];
+        c["image"] = "localhost/ax-absent:1".into();
+        // The example's IfNotPresent would try a pull (ErrImagePull, an infrastructure retry).
+        c["imagePullPolicy"] = "Never".into();
     });
     create(&client, &ns, &missing_registry).await;
     create(&client, &ns, &never).await;
