@@ -721,3 +721,84 @@ async fn wait_queue_events(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// `stopPolicy: Hold` dispatches nothing (tasks say `QueueHeld`); `HoldAndDrain` also stops the
+/// running attempt, which waits in the queue again without using a retry; `None` runs it again.
+#[tokio::test]
+async fn a_held_queue_dispatches_nothing_and_a_drained_one_stops_its_running_attempts() {
+    let client = client().await;
+    let ns = namespace(&client, "q-stop").await;
+    let queue = create_queue(&client, "stop", json!({"concurrency": 5})).await;
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    // A task that runs until it is stopped, and with it a short one.
+    let long = sim_task_with("long", "stop", &SimWorker::running_for(0).hang(), |t| {
+        t["spec"]["queue"] = queue.name.clone().into();
+        t["spec"]["retry"] = json!({"maxRetries": 0,
+            "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0}});
+    });
+    create(&client, &ns, &long).await;
+    wait_phase(&client, &ns, "long", TaskPhase::Running, LONG).await;
+
+    patch_queue(&client, &queue.name, json!({"stopPolicy": "Hold"})).await;
+    let short = sim_task("short", &queue.name, Priority::High, "stop", 100, 0);
+    create(&client, &ns, &short).await;
+    wait_task(&client, &ns, "short", LONG, |t| {
+        queued_reason(t).as_deref() == Some("QueueHeld")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let long_now = api.get("long").await.unwrap();
+    assert_eq!(
+        phase(&long_now),
+        Some(TaskPhase::Running),
+        "Hold lets it run"
+    );
+    assert_eq!(
+        phase(&api.get("short").await.unwrap()),
+        Some(TaskPhase::Pending)
+    );
+
+    patch_queue(&client, &queue.name, json!({"stopPolicy": "HoldAndDrain"})).await;
+    let drained = wait_task(&client, &ns, "long", LONG, |t| {
+        phase(t) == Some(TaskPhase::Pending) && t.status.as_ref().is_some_and(|s| s.attempt == 1)
+    })
+    .await;
+    let s = drained.status.clone().unwrap();
+    assert_eq!(
+        s.last_failure.as_ref().map(|f| f.reason.as_str()),
+        Some("QueueDrained")
+    );
+    assert_eq!((s.retries, s.infrastructure_retries), (0, 1));
+    // Pending only once its worker is gone.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        pods.get_opt("long-1").await.unwrap().is_none_or(|p| {
+            p.status
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p == "Succeeded" || p == "Failed")
+        }),
+        "the drained attempt's pod still runs"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let held = api.get("long").await.unwrap();
+    assert_eq!(
+        phase(&held),
+        Some(TaskPhase::Pending),
+        "no dispatch while held"
+    );
+
+    patch_queue(&client, &queue.name, json!({"stopPolicy": "None"})).await;
+    wait_phase(&client, &ns, "short", TaskPhase::Succeeded, LONG).await;
+    let again = wait_task(&client, &ns, "long", LONG, |t| {
+        t.status.as_ref().is_some_and(|s| s.attempt == 2) && phase(t) == Some(TaskPhase::Running)
+    })
+    .await;
+    assert_eq!(again.status.unwrap().retries, 0, "maxRetries untouched");
+    api.patch(
+        "long",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"cancel": true}})),
+    )
+    .await
+    .unwrap();
+}

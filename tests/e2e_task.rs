@@ -920,3 +920,59 @@ async fn kubectl_explain_teaches_the_kinds_and_their_fields() {
         }
     }
 }
+
+fn condition_of(task: &AxTask, type_: &str) -> Option<(String, String)> {
+    task.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// `spec.suspend: true`, like a Job's: the task waits Pending without a pod, says why, and runs
+/// once it is set false.
+#[tokio::test]
+async fn a_suspended_task_waits_without_a_pod_and_runs_once_resumed() {
+    let client = client().await;
+    let ns = namespace(&client, "suspend").await;
+    let worker = SimWorker::running_for(300).start_ms(50);
+    let task = sim_task_with("held", "suspend", &worker, |t| {
+        t["spec"]["suspend"] = true.into();
+    });
+    create(&client, &ns, &task).await;
+    let held = wait_task(&client, &ns, "held", LONG, |t| {
+        condition_of(t, "Suspended") == Some(("True".into(), "Suspended".into()))
+    })
+    .await;
+    assert_eq!(phase(&held), Some(TaskPhase::Pending));
+    assert_eq!(
+        condition_of(&held, "Queued"),
+        Some(("False".into(), "Suspended".into()))
+    );
+    // Long enough for a dispatch to have happened had it been allowed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        pods.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "a suspended task has no pod"
+    );
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"suspend": false}})),
+    )
+    .await
+    .unwrap();
+    let done = wait_phase(&client, &ns, "held", TaskPhase::Succeeded, LONG).await;
+    assert_eq!(done.status.as_ref().unwrap().attempt, 1);
+    assert_eq!(
+        condition_of(&done, "Suspended"),
+        Some(("False".into(), "Active".into()))
+    );
+}

@@ -29,6 +29,7 @@ pub const DEFAULT_QUEUE: &str = "default";
     printcolumn = r#"{"name":"Low","type":"integer","jsonPath":".status.pending.low"}"#,
     printcolumn = r#"{"name":"Running","type":"integer","jsonPath":".status.running"}"#,
     printcolumn = r#"{"name":"Open-Circuits","type":"integer","jsonPath":".status.openCircuitCount"}"#,
+    printcolumn = r#"{"name":"Stop","type":"string","jsonPath":".spec.stopPolicy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Concurrency","type":"integer","jsonPath":".spec.concurrency","priority":1}"#,
     printcolumn = r#"{"name":"Effective","type":"integer","jsonPath":".status.effectiveConcurrency","priority":1}"#,
@@ -82,6 +83,43 @@ pub struct AxQueueSpec {
     /// `QueueForbidden`) and holds no slot until its namespace is labelled to match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
+
+    /// `None` (default): the queue dispatches. `Hold`: nothing more is dispatched; running tasks
+    /// finish. `HoldAndDrain`: nothing is dispatched and running attempts are stopped and wait in
+    /// the queue again (a failure that does not count against `maxRetries`). Kueue's vocabulary.
+    #[serde(default, skip_serializing_if = "StopPolicy::is_none")]
+    pub stop_policy: StopPolicy,
+}
+
+/// Whether a queue dispatches (`spec.stopPolicy`).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum StopPolicy {
+    /// The queue dispatches.
+    #[default]
+    None,
+    /// Nothing more is dispatched; running tasks finish.
+    Hold,
+    /// Nothing is dispatched and running attempts are stopped, to run again once it is `None`.
+    HoldAndDrain,
+}
+
+impl StopPolicy {
+    pub fn is_none(&self) -> bool {
+        *self == StopPolicy::None
+    }
+
+    /// Whether the queue dispatches nothing.
+    pub fn holds(self) -> bool {
+        self != StopPolicy::None
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopPolicy::None => "None",
+            StopPolicy::Hold => "Hold",
+            StopPolicy::HoldAndDrain => "HoldAndDrain",
+        }
+    }
 }
 
 impl Default for AxQueueSpec {
@@ -96,6 +134,7 @@ impl Default for AxQueueSpec {
             weight_schedule: Vec::new(),
             concurrency_policy: QueueConcurrencyPolicy::default(),
             namespace_selector: None,
+            stop_policy: StopPolicy::None,
         }
     }
 }

@@ -29,7 +29,8 @@ use super::{Condition, PodTemplate, date_time, preserve_unknown_object};
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","priority":1}"#,
     // A string, not a date: kubectl renders a future date as `<invalid>`.
     printcolumn = r#"{"name":"Next-Attempt","type":"string","jsonPath":".status.nextAttemptAt","priority":1}"#,
-    printcolumn = r#"{"name":"Terminating","type":"string","jsonPath":".status.conditions[?(@.type==\"WorkerTerminating\")].message","priority":1}"#
+    printcolumn = r#"{"name":"Terminating","type":"string","jsonPath":".status.conditions[?(@.type==\"WorkerTerminating\")].message","priority":1}"#,
+    printcolumn = r#"{"name":"Suspend","type":"boolean","jsonPath":".spec.suspend","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AxTaskSpec {
@@ -77,6 +78,12 @@ pub struct AxTaskSpec {
     /// Setting it true cancels the task and kills its worker.
     #[serde(default)]
     pub cancel: bool,
+
+    /// While true, no attempt of the task is dispatched: it waits Pending with `Queued` False,
+    /// reason `Suspended`, and holds no place in its queue (like a Job's `suspend`). An attempt
+    /// already dispatched runs on; setting it false queues the task again.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub suspend: bool,
 
     /// Where to POST the final status when the task ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -455,6 +462,10 @@ impl AxTaskStatus {
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -75,7 +75,21 @@ pub fn sync_from_store(ctx: &Ctx) {
 }
 
 fn configure(ctx: &Ctx, queue: &AxQueue) {
-    let problem = ctx.queues.lock().configure(queue, Timestamp::now());
+    let (problem, draining) = {
+        let mut queues = ctx.queues.lock();
+        let problem = queues.configure(queue, Timestamp::now());
+        let name = queue.name_any();
+        let draining = if queues.drains(&name) {
+            queues.holding_in(&name)
+        } else {
+            Vec::new()
+        };
+        (problem, draining)
+    };
+    // Each dispatched task of a draining queue stops its attempt at its next look: look now.
+    for key in &draining {
+        ctx.wake(key);
+    }
     match problem {
         Some(problem) => {
             warn!(queue = queue.name_any(), %problem, "AxQueue spec rejected; the previous configuration stays");

@@ -40,7 +40,7 @@ pub const RERUN_REQUESTED: &str = "RerunRequested";
 pub const CALLBACK_DELIVERED: &str = "CallbackDelivered";
 /// The spec cannot be acted on; the message names the field.
 pub const INVALID_SPEC: &str = "InvalidSpec";
-/// A cron's `spec.suspend` is set.
+/// A cron's or a Pending task's `spec.suspend` is set.
 pub const SUSPENDED: &str = "Suspended";
 
 /// Reasons of the conditions above.
@@ -49,9 +49,9 @@ pub mod reason {
     pub const VALID: &str = "Valid";
     /// `InvalidSpec` is True (and a DAG's `Ready` is False because of it).
     pub const INVALID_SPEC: &str = "InvalidSpec";
-    /// A cron's `Suspended` is True.
+    /// A cron's `Suspended` is True; a task's `Suspended` is True, or its `Queued` is False.
     pub const SUSPENDED: &str = "Suspended";
-    /// A cron's `Suspended` is False.
+    /// A cron's or a task's `Suspended` is False.
     pub const ACTIVE: &str = "Active";
     /// A task's `CircuitOpen` is True.
     pub const CIRCUIT_OPEN: &str = "CircuitOpen";

@@ -197,9 +197,13 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
                 .collect::<Vec<_>>(),
         );
         let clock = clock(&ctx);
-        let (granted, held) = {
+        let (granted, held, draining) = {
             let queues = ctx.queues.lock();
-            (queues.is_granted(&key), queues.held_reason(&key, clock.now))
+            (
+                queues.is_granted(&key),
+                queues.held_reason(&key, clock.now),
+                queues.drains(&current.spec.queue),
+            )
         };
         let name = current.name_any();
         let mut inputs = Inputs {
@@ -215,6 +219,7 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
             held: held
                 .as_ref()
                 .map(|(reason, message)| (*reason, message.as_str())),
+            draining,
             refused: refused.as_ref(),
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
             progress_write_delay: ctx.progress_write_delay,

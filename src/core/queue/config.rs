@@ -8,7 +8,7 @@ use jiff::SignedDuration;
 
 use super::breaker::BreakerConfig;
 use super::weights::{WeightWindow, Weights, WindowLimits, window_in_force};
-use crate::api::{AxQueueSpec, ConcurrencyMode, Priority, QueueWeights};
+use crate::api::{AxQueueSpec, ConcurrencyMode, Priority, QueueWeights, StopPolicy};
 use crate::core::selector::{self, Selector, SelectorError};
 
 /// How long the next task of a bucket may wait before it goes ahead of the weights; `None` = no limit.
@@ -59,6 +59,8 @@ pub struct QueueConfig {
     pub adaptive_min: Option<u32>,
     /// The namespaces whose tasks may be dispatched (`namespaceSelector`).
     pub namespace_selector: Selector,
+    /// `Hold` and `HoldAndDrain` dispatch nothing (`stopPolicy`).
+    pub stop_policy: StopPolicy,
 }
 
 /// The limits a queue applies at one instant: its own, or those the window in force overrides.
@@ -137,6 +139,7 @@ impl Default for QueueConfig {
             weight_schedule: Vec::new(),
             adaptive_min: None,
             namespace_selector: Selector::everything(),
+            stop_policy: StopPolicy::None,
         }
     }
 }
@@ -278,6 +281,7 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
         weight_schedule,
         adaptive_min,
         namespace_selector,
+        stop_policy: spec.stop_policy,
     })
 }
 

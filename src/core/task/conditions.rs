@@ -13,7 +13,8 @@ use crate::core::conditions::{self, reason};
 use crate::core::queue::{HeldReason, estimate};
 
 pub use crate::core::conditions::{
-    CALLBACK_DELIVERED, CIRCUIT_OPEN, FAILED, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
+    CALLBACK_DELIVERED, CIRCUIT_OPEN, FAILED, QUEUED, READY, RERUN_REQUESTED, SUSPENDED,
+    WORKER_TERMINATING,
 };
 
 /// How a callback delivery ended.
@@ -163,6 +164,30 @@ pub(super) fn update(
         None => {}
     }
 
+    // Only a task that was suspended has it, like `CircuitOpen`.
+    let suspended = inputs.spec.suspend && phase == TaskPhase::Pending;
+    if suspended {
+        conditions::set(
+            &mut status.conditions,
+            SUSPENDED,
+            true,
+            reason::SUSPENDED,
+            "spec.suspend is true: no attempt is dispatched until it is false",
+            generation,
+            now,
+        );
+    } else if has_true(status, SUSPENDED) {
+        conditions::set(
+            &mut status.conditions,
+            SUSPENDED,
+            false,
+            reason::ACTIVE,
+            "",
+            generation,
+            now,
+        );
+    }
+
     if rerun_requested(inputs.spec, status) {
         let (reason, message) = if !phase.is_terminal() {
             (
@@ -240,6 +265,13 @@ fn queued(
             true,
             reason::WORKER_TERMINATING.into(),
             format!("waiting for pod {pod} (attempt {attempt}) to stop"),
+        );
+    }
+    if inputs.spec.suspend {
+        return (
+            false,
+            reason::SUSPENDED.into(),
+            "spec.suspend is true: not dispatched until it is false".into(),
         );
     }
     match inputs.held {

@@ -175,6 +175,20 @@ pub fn step(d: &mut Decision, event: Event, inputs: &Inputs, clock: &Clock) -> b
             let failure = failure(d, FailureKind::Timeout, Reason::HardTimeout, message);
             fail(d, TimedOut, failure, now, op);
         }
+        (Some(Scheduled | Running), Event::Drained) => {
+            let message = format!(
+                "AxQueue {} is draining (stopPolicy HoldAndDrain): attempt {} stopped; it runs again once the queue dispatches",
+                inputs.spec.queue, d.status.attempt
+            );
+            // Not the worker's fault: retried without using maxRetries, like an eviction.
+            let failure = failure(
+                d,
+                FailureKind::Infrastructure,
+                Reason::QueueDrained,
+                message,
+            );
+            fail(d, Failed, failure, now, op);
+        }
         (Some(Scheduled | Running), Event::SoftTimeoutNotAlive(why)) => {
             let failure = failure(d, FailureKind::Timeout, Reason::SoftTimeout, why);
             fail(d, TimedOut, failure, now, op);

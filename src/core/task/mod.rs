@@ -84,6 +84,8 @@ pub struct Inputs<'a> {
     pub granted: bool,
     /// What holds an eligible Pending task, as the queue says it now.
     pub held: Option<(HeldReason, &'a str)>,
+    /// The task's queue is draining (`stopPolicy: HoldAndDrain`): a dispatched attempt is stopped.
+    pub draining: bool,
     /// The API server refused the current attempt's worker pod.
     pub refused: Option<&'a Refusal>,
     /// The outcome of a callback delivery to record.
@@ -113,6 +115,7 @@ impl<'a> Inputs<'a> {
             pods,
             granted: false,
             held: None,
+            draining: false,
             refused: None,
             callback: None,
             progress_write_delay: Duration::ZERO,
@@ -451,6 +454,7 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
             QueueState::Waiting
         }
         Some(TaskPhase::Pending) | None if fenced_pod.is_some() => QueueState::Holding,
+        Some(TaskPhase::Pending) | None if spec.suspend => QueueState::Waiting,
         Some(TaskPhase::Pending) | None => QueueState::Ready,
         Some(p) if p.has_worker() => QueueState::Holding,
         Some(TaskPhase::Failed | TaskPhase::TimedOut) => QueueState::Holding,

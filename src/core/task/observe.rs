@@ -52,6 +52,8 @@ pub enum Event {
     WorkerFailed(Failure),
     HardTimeout,
     SoftTimeoutNotAlive(String),
+    /// The queue drains (`stopPolicy: HoldAndDrain`) and the attempt has no outcome yet.
+    Drained,
     WorkersStopped,
 }
 
@@ -174,7 +176,8 @@ pub fn observe(
             if next_pod.is_some() {
                 return Some(Event::NextPodFound);
             }
-            granted.then_some(Event::Granted)
+            // A slot granted just before `suspend` was seen goes back unused.
+            (granted && !spec.suspend).then_some(Event::Granted)
         }
         TaskPhase::Scheduled | TaskPhase::Running => {
             if spec.cancel {
@@ -186,6 +189,7 @@ pub fn observe(
                 return Some(Event::PodRefused((*refusal).clone()));
             }
             in_flight(inputs, status, current_pod(status, inputs.pods), now)
+                .or(inputs.draining.then_some(Event::Drained))
         }
         TaskPhase::Failed | TaskPhase::TimedOut => {
             if spec.cancel {

@@ -42,6 +42,8 @@ pub enum Reason {
     WorkerDeleted,
     /// The worker pod never appeared within the hard timeout.
     PodNeverAppeared,
+    /// The task's queue is draining (`stopPolicy: HoldAndDrain`): the attempt was stopped.
+    QueueDrained,
 
     // Disruptions (the pod's own status reason or `DisruptionTarget` condition).
     Evicted,
@@ -91,6 +93,7 @@ impl Reason {
             ExitCode => "ExitCode",
             PodFailed => "PodFailed",
             WorkerDeleted => "WorkerDeleted",
+            QueueDrained => "QueueDrained",
             PodNeverAppeared => "PodNeverAppeared",
             Evicted => "Evicted",
             NodeLost => "NodeLost",
@@ -143,7 +146,7 @@ impl Reason {
     }
 
     /// Every reason, for tests and documentation.
-    pub const ALL: [Reason; 35] = {
+    pub const ALL: [Reason; 36] = {
         use Reason::*;
         [
             Queued,
@@ -164,6 +167,7 @@ impl Reason {
             PodFailed,
             WorkerDeleted,
             PodNeverAppeared,
+            QueueDrained,
             Evicted,
             NodeLost,
             NodeShutdown,

@@ -13,7 +13,8 @@ use jiff::Timestamp;
 
 use super::QueueState;
 use super::conditions::{
-    CALLBACK_DELIVERED, CIRCUIT_OPEN, FAILED, QUEUED, READY, RERUN_REQUESTED, WORKER_TERMINATING,
+    CALLBACK_DELIVERED, CIRCUIT_OPEN, FAILED, QUEUED, READY, RERUN_REQUESTED, SUSPENDED,
+    WORKER_TERMINATING,
 };
 use crate::api::{AxTask, AxTaskStatus, Condition, Priority, TaskPhase};
 use crate::core::conditions::reason;
@@ -80,7 +81,10 @@ impl Settled {
             return None;
         }
         let queued = match phase {
-            TaskPhase::Pending if status.attempt == 0 && !spec.cancel => pending_queued(status)?,
+            // A suspended task is rare and waits outside its queue: it stays whole.
+            TaskPhase::Pending if status.attempt == 0 && !spec.cancel && !spec.suspend => {
+                pending_queued(status)?
+            }
             p if p.is_terminal() => {
                 let delivered = has(status, CALLBACK_DELIVERED);
                 if spec.callback.is_some() && !delivered {
@@ -245,6 +249,7 @@ fn canonical_conditions(
         ),
         WORKER_TERMINATING => is(c, "False", reason::PODS_STOPPED, ""),
         RERUN_REQUESTED => is(c, "False", reason::RERUN_STARTED, ""),
+        SUSPENDED => is(c, "False", reason::ACTIVE, ""),
         CALLBACK_DELIVERED => phase.is_terminal(),
         _ => false,
     }) && has(status, READY)

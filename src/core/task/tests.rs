@@ -610,6 +610,106 @@ fn a_pending_task_with_a_live_pod_of_an_earlier_attempt_holds_its_slot_and_is_no
 }
 
 #[test]
+fn a_suspended_task_waits_outside_its_queue_and_a_slot_granted_goes_back_unused() {
+    let mut s = spec();
+    s.suspend = true;
+    let d = at(&s, &AxTaskStatus::default(), &[], t(0));
+    assert_eq!(d.status.phase, Some(Pending));
+    assert_eq!(d.queue, QueueState::Waiting);
+    assert_eq!(
+        condition_is(&d.status, "Queued"),
+        pair("False", "Suspended")
+    );
+    assert_eq!(
+        condition_is(&d.status, "Suspended"),
+        pair("True", "Suspended")
+    );
+    let d = granted(&s, &d.status, &[], t(1));
+    assert!(!d.dispatched, "suspended, yet dispatched");
+    assert_eq!(d.status.attempt, 0);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.queue, QueueState::Waiting);
+}
+
+#[test]
+fn a_resumed_task_is_queued_again_and_its_suspended_condition_ends_false() {
+    let mut s = spec();
+    s.suspend = true;
+    let suspended = at(&s, &AxTaskStatus::default(), &[], t(0)).status;
+    s.suspend = false;
+    let d = at(&s, &suspended, &[], t(5));
+    assert_eq!(d.queue, QueueState::Ready);
+    assert_eq!(condition_is(&d.status, "Queued"), pair("True", "Waiting"));
+    assert_eq!(
+        condition_is(&d.status, "Suspended"),
+        pair("False", "Active")
+    );
+    let d = granted(&s, &d.status, &[], t(6));
+    assert!(d.dispatched);
+    assert_eq!(d.status.phase, Some(Scheduled));
+}
+
+#[test]
+fn suspend_leaves_a_running_attempt_alone_and_holds_its_retry() {
+    let mut s = spec();
+    let running = running(&s);
+    s.suspend = true;
+    let d = at(&s, &running, &[pod(1, Run)], t(5));
+    assert_eq!(d.status.phase, Some(Running));
+    assert!(d.actions.is_empty(), "no kill: {:?}", d.actions);
+    assert_eq!(d.queue, QueueState::Holding);
+    // It fails; once its backoff has passed it waits, suspended, instead of running again.
+    let failed = at(&s, &d.status, &[pod(1, Exited(1))], t(6)).status;
+    assert_eq!(failed.phase, Some(Pending));
+    let later = failed.next_attempt_at.unwrap() + SignedDuration::from_secs(1);
+    let d = granted(&s, &failed, &[pod(1, Exited(1))], later);
+    assert!(!d.dispatched);
+    assert_eq!(d.queue, QueueState::Waiting);
+    assert_eq!(
+        condition_is(&d.status, "Queued"),
+        pair("False", "Suspended")
+    );
+}
+
+#[test]
+fn a_pod_created_before_suspend_was_seen_is_taken_up_not_left_running_unrecorded() {
+    let mut s = spec();
+    let pending = admitted(&s, t(0));
+    s.suspend = true;
+    let d = at(&s, &pending, &[pod(1, Run)], t(1));
+    assert_eq!(d.status.attempt, 1);
+    assert_eq!(d.status.phase, Some(Running));
+}
+
+#[test]
+fn a_draining_queue_stops_the_attempt_without_using_a_retry_and_it_waits_for_the_queue() {
+    let s = spec();
+    let running = running(&s);
+    let d = decide_with(&s, &running, &[pod(1, Run)], t(5), |i| i.draining = true);
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Failed, Reason::QueueDrained)]
+    );
+    assert_eq!(kills(&d).len(), 1, "the worker is stopped: {:?}", d.actions);
+    let failure = d.status.last_failure.clone().unwrap();
+    assert_eq!(failure.kind, FailureKind::Infrastructure);
+    assert_eq!(
+        d.outcome,
+        Some(Outcome::Aborted),
+        "not a failure of the type"
+    );
+    // Once its pod is gone it waits Pending, its maxRetries untouched.
+    let d = decide_with(&s, &d.status, &[], t(20), |i| i.draining = true);
+    assert_eq!(d.status.phase, Some(Pending));
+    assert_eq!((d.status.retries, d.status.infrastructure_retries), (0, 1));
+    // A worker that already exited 0 keeps its success.
+    let d = decide_with(&s, &running, &[pod(1, Exited(0))], t(5), |i| {
+        i.draining = true
+    });
+    assert_eq!(d.status.phase, Some(Succeeded));
+}
+
+#[test]
 fn a_pending_task_whose_next_attempts_pod_exists_takes_the_attempt_up_with_it() {
     // The pod was created beside the dispatch's status write, which did not land.
     let s = spec();
@@ -1280,6 +1380,7 @@ fn arb_spec() -> impl Strategy<Value = AxTaskSpec> {
             any::<bool>(),
             any::<bool>(),
             prop::option::of(0i64..100),
+            prop::bool::weighted(0.15),
         ),
         prop::collection::vec(
             (
@@ -1299,7 +1400,7 @@ fn arb_spec() -> impl Strategy<Value = AxTaskSpec> {
             |(
                 (max, max_infra, base, jitter, budget),
                 (soft, hard, start),
-                (cancel, rerun, policy, callback, ttl),
+                (cancel, rerun, policy, callback, ttl, suspend),
                 rules,
             )| {
                 let mut s = spec();
@@ -1324,6 +1425,7 @@ fn arb_spec() -> impl Strategy<Value = AxTaskSpec> {
                 };
                 s.start_after = start.map(|o| Time(t(o)));
                 s.cancel = cancel;
+                s.suspend = suspend;
                 s.rerun = rerun;
                 s.callback = callback.then(|| CallbackSpec {
                     url: "http://cb.example/".into(),
@@ -1649,6 +1751,10 @@ enum World {
     DropKills,
     /// The user sets cancel.
     Cancel,
+    /// The user sets or clears suspend.
+    Suspend(bool),
+    /// The task's queue starts or stops draining (`stopPolicy: HoldAndDrain`).
+    Drain(bool),
     /// The next decision's status write does not land (a conflict, the operator stops); the pod it
     /// created beside the write does.
     LoseWrite,
@@ -1666,6 +1772,8 @@ fn arb_world() -> impl Strategy<Value = World> {
         2 => Just(World::Vanish),
         1 => Just(World::DropKills),
         1 => Just(World::Cancel),
+        1 => any::<bool>().prop_map(World::Suspend),
+        1 => any::<bool>().prop_map(World::Drain),
         2 => Just(World::LoseWrite),
         2 => Just(World::PaceProgress),
     ]
@@ -1729,6 +1837,7 @@ proptest! {
         let mut pods: Vec<WorkerState> = Vec::new();
         let mut now = 0i64;
         let mut drop_kills = false;
+        let mut draining = false;
         for step in steps {
             let mut lose_write = false;
             let mut pace = false;
@@ -1759,11 +1868,14 @@ proptest! {
                 World::Vanish => pods.retain(|p| !(p.deleting && !p.outcome_finalizer && !p.is_running_phase())),
                 World::DropKills => drop_kills = !drop_kills,
                 World::Cancel => spec.cancel = true,
+                World::Suspend(on) => spec.suspend = on,
+                World::Drain(on) => draining = on,
                 World::LoseWrite => lose_write = true,
                 World::PaceProgress => pace = true,
             }
             let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
-            inputs.granted = true;
+            inputs.granted = !draining;
+            inputs.draining = draining;
             inputs.progress_write_delay = Duration::from_secs(write_delay);
             let d = decide(&inputs, &clock(t(now)));
             for e in &d.transitions {
@@ -2056,6 +2168,7 @@ fn arb_settled_task() -> impl Strategy<Value = SettledCase> {
             spec.start_after = None;
             let code = if path == 2 { 0 } else { 3 };
             spec.cancel = false;
+            spec.suspend = false;
             spec.retry.max_retries = 0;
             let mut status = scheduled(&spec);
             spec.cancel = path == 4;

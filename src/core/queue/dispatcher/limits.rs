@@ -51,6 +51,9 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 
     /// Most tasks dispatched at once right now: the limit in force, capped by the adaptive limit.
     pub fn effective_concurrency(&self) -> u32 {
+        if self.config.stop_policy.holds() {
+            return 0;
+        }
         let limit = self.concurrency_in_force();
         self.adaptive_limit
             .map_or(limit, |adaptive| adaptive.min(limit))

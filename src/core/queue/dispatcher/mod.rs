@@ -94,10 +94,12 @@ pub enum HeldReason {
     QueueInvalid,
     /// The AxQueue's `namespaceSelector` does not select the task's namespace.
     QueueForbidden,
+    /// The AxQueue's `stopPolicy` is `Hold` or `HoldAndDrain`.
+    QueueHeld,
 }
 
 impl HeldReason {
-    pub const ALL: [HeldReason; 9] = [
+    pub const ALL: [HeldReason; 10] = [
         HeldReason::ConcurrencyLimit,
         HeldReason::AdaptiveLimit,
         HeldReason::TypeConcurrencyLimit,
@@ -107,6 +109,7 @@ impl HeldReason {
         HeldReason::QueueNotFound,
         HeldReason::QueueInvalid,
         HeldReason::QueueForbidden,
+        HeldReason::QueueHeld,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -120,6 +123,7 @@ impl HeldReason {
             HeldReason::QueueNotFound => "QueueNotFound",
             HeldReason::QueueInvalid => "QueueInvalid",
             HeldReason::QueueForbidden => "QueueForbidden",
+            HeldReason::QueueHeld => "QueueHeld",
         }
     }
 

@@ -19,6 +19,10 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     /// The task's type is returned with the reason, for messages.
     pub fn held_reason(&self, key: &K, now: Timestamp) -> Option<(HeldReason, &str)> {
         let entry = self.pending.get(key)?;
+        if self.config.stop_policy.holds() {
+            let type_id = self.circuits[entry.lane.circuit].type_id;
+            return Some((HeldReason::QueueHeld, self.types[type_id].name.as_str()));
+        }
         let retry_token = self.retry_tokens.has_token(now);
         let in_force = self.concurrency_in_force();
         let reason = lane_blocked(&self.types, &self.circuits, entry.lane, now, retry_token)

@@ -83,6 +83,10 @@ impl Registry {
                     HeldReason::CircuitOpen => format!(
                         "the circuit of type {task_type} for namespace {namespace} in AxQueue {q} is open"
                     ),
+                    HeldReason::QueueHeld => format!(
+                        "AxQueue {q} is held (stopPolicy {}): nothing is dispatched until it is None",
+                        dispatcher.config().stop_policy.as_str()
+                    ),
                     HeldReason::Waiting
                     | HeldReason::QueueNotFound
                     | HeldReason::QueueInvalid

@@ -31,7 +31,7 @@ use kube::ResourceExt;
 use super::adaptive::{AdaptiveConcurrency, Change};
 use super::config::{QueueConfig, QueueSpecError, queue_config};
 use super::dispatcher::{Dispatcher, Outcome, PendingTask};
-use crate::api::{AxQueue, AxQueueSpec};
+use crate::api::{AxQueue, AxQueueSpec, StopPolicy};
 pub use held::Held;
 pub use rebuild::{Cached, pending_of, pending_task, rebuild};
 pub use report::QueueReport;
@@ -310,6 +310,23 @@ impl Registry {
 
     pub fn is_holding(&self, key: &TaskKey) -> bool {
         self.tasks.get(key).is_some_and(|t| t.place.is_holding())
+    }
+
+    /// Whether `queue` is in force with `stopPolicy: HoldAndDrain`: its dispatched attempts stop.
+    pub fn drains(&self, queue: &str) -> bool {
+        self.queues.get(queue).is_some_and(|e| {
+            e.availability == Availability::Active
+                && e.dispatcher.config().stop_policy == StopPolicy::HoldAndDrain
+        })
+    }
+
+    /// The tasks holding a slot of `queue`: those a drain stops.
+    pub fn holding_in(&self, queue: &str) -> Vec<TaskKey> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.place.is_holding() && *t.queue == *queue)
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     /// The next task to dispatch at `now` and its queue; the queues take turns. It now holds a slot,

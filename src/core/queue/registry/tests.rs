@@ -66,6 +66,37 @@ fn tasks_of_a_missing_queue_wait_until_it_exists() {
 }
 
 #[test]
+fn a_held_queue_dispatches_nothing_says_why_and_a_draining_one_names_its_running_tasks() {
+    let mut registry = Registry::default();
+    let mut spec = AxQueueSpec::default();
+    registry.configure(&queue("q", spec.clone(), None), t(0));
+    registry.upsert(&key("runs"), "q", pending(Priority::High, "x", 0, 1));
+    assert_eq!(registry.next(t(1)), Some((key("runs"), "q".to_string())));
+    registry.dispatched(&key("runs"));
+    registry.upsert(&key("waits"), "q", pending(Priority::High, "x", 2, 1));
+    assert!(!registry.drains("q"));
+
+    spec.stop_policy = StopPolicy::Hold;
+    registry.configure(&queue("q", spec.clone(), None), t(3));
+    assert_eq!(registry.next(t(4)), None);
+    let (reason, message) = registry.held_reason(&key("waits"), t(4)).unwrap();
+    assert_eq!(reason, HeldReason::QueueHeld);
+    assert!(message.contains("stopPolicy Hold"), "{message}");
+    assert!(!registry.drains("q"), "Hold lets running tasks finish");
+
+    spec.stop_policy = StopPolicy::HoldAndDrain;
+    registry.configure(&queue("q", spec.clone(), None), t(5));
+    assert_eq!(registry.next(t(6)), None);
+    assert!(registry.drains("q"));
+    assert_eq!(registry.holding_in("q"), vec![key("runs")]);
+
+    spec.stop_policy = StopPolicy::None;
+    registry.configure(&queue("q", spec, None), t(7));
+    assert!(!registry.drains("q"));
+    assert_eq!(registry.next(t(8)), Some((key("waits"), "q".to_string())));
+}
+
+#[test]
 fn invalid_edit_keeps_the_previous_config_and_reports_once() {
     let mut registry = Registry::default();
     let mut spec = AxQueueSpec {
