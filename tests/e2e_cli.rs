@@ -237,6 +237,7 @@ async fn wait_fails_for_a_task_that_ends_otherwise_and_on_timeout() {
         line.contains("axtask/doomed ended Dead") && line.contains("not Succeeded"),
         "{line}"
     );
+    assert_eq!(dead.code, 1, "the task ended otherwise: exit 1");
     // --for terminal accepts Dead.
     ax(&ns, &["wait", "doomed"]).ok();
 
@@ -249,6 +250,7 @@ async fn wait_fails_for_a_task_that_ends_otherwise_and_on_timeout() {
         line.contains("timed out after 3s") && line.contains("axtask/hangs is"),
         "{line}"
     );
+    assert_eq!(timed_out.code, 3, "a wait that timed out: exit 3");
     ax(&ns, &["cancel", "hangs"]).ok();
 }
 
@@ -1095,4 +1097,74 @@ fn cron_suspended(c: &AxCron) -> Option<&str> {
         .iter()
         .find(|k| k.type_ == "Suspended")
         .map(|k| k.status.as_str())
+}
+
+/// `suspend`/`resume` of tasks by name and selector, and of a queue (`queue/NAME`): what they
+/// print and what the operator then does.
+#[tokio::test]
+async fn suspend_and_resume_tasks_and_a_queue() {
+    let (client, ns) = namespace_with_leader("cli-suspend").await;
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    for name in ["a", "b"] {
+        let mut t = sim_task(name, 100, 0, json!({"batch": "s1"}));
+        t.spec.suspend = true;
+        api.create(&PostParams::default(), &t).await.unwrap();
+    }
+    for name in ["a", "b"] {
+        wait_task(&client, &ns, name, LONG, |t| {
+            t.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Suspended" && c.status == "True")
+            })
+        })
+        .await;
+    }
+    let described = ax_async(&ns, &["describe", "a"]).await.ok();
+    assert!(described.stdout.contains("Suspend"), "{described:#?}");
+
+    // By name; the server dry run changes nothing.
+    let dry = ax_async(&ns, &["resume", "a", "--dry-run"]).await.ok();
+    assert_eq!(dry.stdout.trim(), "axtask/a resumed (server dry run)");
+    assert!(api.get("a").await.unwrap().spec.suspend);
+    let resumed = ax_async(&ns, &["resume", "a"]).await.ok();
+    assert_eq!(resumed.stdout.trim(), "axtask/a resumed");
+    wait_phase(&client, &ns, "a", TaskPhase::Succeeded, LONG).await;
+    assert_eq!(
+        phase(&api.get("b").await.unwrap()),
+        Some(TaskPhase::Pending)
+    );
+    // By selector: only what it changes (b).
+    let resumed = ax_async(&ns, &["resume", "-l", "batch=s1"]).await.ok();
+    assert_eq!(resumed.stdout.trim(), "axtask/b resumed", "{resumed:#?}");
+    wait_phase(&client, &ns, "b", TaskPhase::Succeeded, LONG).await;
+
+    // A queue: held, then let go.
+    let queue = common::queue::create_queue(&client, "cli-stop", json!({})).await;
+    let target = format!("queue/{}", queue.name);
+    let held = ax_async(&ns, &["suspend", &target]).await.ok();
+    assert_eq!(
+        held.stdout.trim(),
+        format!("axqueue/{} suspended (stopPolicy Hold)", queue.name)
+    );
+    let mut t = sim_task("c", 100, 0, json!({}));
+    t.spec.queue = queue.name.clone();
+    api.create(&PostParams::default(), &t).await.unwrap();
+    wait_task(&client, &ns, "c", LONG, |t| {
+        t.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Queued" && c.reason == "QueueHeld")
+        })
+    })
+    .await;
+    let top = ax_async(&ns, &["top", &queue.name]).await.ok();
+    assert!(top.stdout.contains("(Hold)"), "{top:#?}");
+    ax_async(&ns, &["resume", &target]).await.ok();
+    wait_phase(&client, &ns, "c", TaskPhase::Succeeded, LONG).await;
+
+    // Usage errors exit 2 with one line.
+    let usage = ax_async(&ns, &["suspend", "a", "--drain"]).await;
+    assert_eq!(usage.code, 2, "{usage:#?}");
+    assert!(usage.one_line_error().contains("--drain"));
 }

@@ -37,6 +37,11 @@ pub enum Command {
     Retry(RetryArgs),
     /// Cancel tasks (or DAGs: `dag/NAME`) through `spec.cancel`.
     Cancel(CancelArgs),
+    /// Hold tasks before dispatch (`spec.suspend`), or stop a queue dispatching (`queue/NAME`:
+    /// `stopPolicy: Hold`, or `HoldAndDrain` with `--drain`).
+    Suspend(SuspendArgs),
+    /// Let suspended tasks, or a held queue (`queue/NAME`), dispatch again.
+    Resume(SuspendArgs),
     /// The worker pod's logs of one attempt of a task.
     Logs(LogsArgs),
     /// A DAG as levels: each task with its phase, its child AxTask and what it depends on.
@@ -132,6 +137,22 @@ pub struct CancelArgs {
     #[arg(short = 'y', long)]
     pub yes: bool,
     /// Show what would be canceled; the API server checks the request (server-side dry run).
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SuspendArgs {
+    /// Tasks by name, or `queue/NAME` for an AxQueue.
+    pub targets: Vec<String>,
+    /// Tasks with these labels (only unfinished ones).
+    #[arg(short = 'l', long)]
+    pub selector: Option<String>,
+    /// `suspend queue/NAME` only: also stop its running attempts (`stopPolicy: HoldAndDrain`);
+    /// they wait in the queue again without using a retry.
+    #[arg(long)]
+    pub drain: bool,
+    /// Show what would change; the API server checks the request (server-side dry run).
     #[arg(long)]
     pub dry_run: bool,
 }

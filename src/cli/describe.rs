@@ -138,6 +138,13 @@ pub fn render(task: &AxTask, pods: &[PodInfo], now: Timestamp) -> String {
     if spec.cancel {
         field(&mut out, "Cancel", "requested (spec.cancel: true)");
     }
+    if spec.suspend {
+        field(
+            &mut out,
+            "Suspend",
+            "true: no attempt is dispatched (kubectl ax resume NAME)",
+        );
+    }
 
     if !status.conditions.is_empty() {
         out.push_str("Conditions:\n");

@@ -3,7 +3,8 @@
 //! classification, what to patch) are plain functions tested without a cluster, the rest reads
 //! and writes through the user's kubeconfig.
 //!
-//! Errors are one line on stderr (`error: ...`) and exit code 1; usage errors exit 2 (clap).
+//! Errors are one line on stderr (`error: ...`). Exit codes: 0 done, 1 the operation failed (a
+//! task ended otherwise, a request refused), 2 a usage error (clap's, or ours), 3 `wait` timed out.
 
 pub mod args;
 pub mod cron;
@@ -14,6 +15,7 @@ pub mod list;
 pub mod logs;
 pub mod rerun;
 pub mod submit;
+pub mod suspend;
 pub mod target;
 pub mod top;
 pub mod wait;
@@ -36,7 +38,7 @@ pub async fn main(cli: Cli) -> i32 {
         Err(ClientError::Io(e)) if e.contains("Broken pipe") => 0,
         Err(e) => {
             eprintln!("error: {e}");
-            1
+            exit_code(&e)
         }
     }
 }
@@ -56,6 +58,8 @@ pub async fn run(cli: Cli) -> Result<(), ClientError> {
         Command::Describe(args) => describe::run(&ctx, args).await,
         Command::Retry(args) => rerun::retry(&ctx, args).await,
         Command::Cancel(args) => rerun::cancel(&ctx, args).await,
+        Command::Suspend(args) => suspend::run(&ctx, args, true).await,
+        Command::Resume(args) => suspend::run(&ctx, args, false).await,
         Command::Logs(args) => logs::run(&ctx, args).await,
         Command::Dag(args) => dag::run(&ctx, args).await,
         Command::Top(args) => top::run(&ctx, args).await,
@@ -65,6 +69,15 @@ pub async fn run(cli: Cli) -> Result<(), ClientError> {
         Command::Cron(args) => cron::run(&ctx, args).await,
         Command::Version(_) => version(&ctx).await,
         Command::Completion(_) => unreachable!("handled before connecting"),
+    }
+}
+
+/// The exit code of a failed command.
+pub fn exit_code(e: &ClientError) -> i32 {
+    match e {
+        ClientError::Usage(_) => 2,
+        ClientError::TimedOut(_) => 3,
+        _ => 1,
     }
 }
 

@@ -40,6 +40,8 @@ pub fn queue_row(queue: &AxQueue) -> Vec<String> {
     let invalid = conditions::find(&status.conditions, conditions::INVALID_SPEC, true).is_some();
     let name = if invalid {
         format!("{} ({})", queue.name_any(), conditions::INVALID_SPEC)
+    } else if queue.spec.stop_policy.holds() {
+        format!("{} ({})", queue.name_any(), queue.spec.stop_policy.as_str())
     } else {
         queue.name_any()
     };

@@ -241,7 +241,7 @@ async fn timed_out(
         WaitFor::Terminal => "to finish",
         WaitFor::Succeeded => "to succeed",
     };
-    ClientError::NotMet(format!(
+    ClientError::TimedOut(format!(
         "timed out after {} waiting {for_what}: {}",
         human(jiff::SignedDuration::try_from(timeout).unwrap_or_default()),
         waiting.join("; ")

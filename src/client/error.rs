@@ -122,8 +122,10 @@ pub enum ClientError {
     Config(String),
     /// Bad input on the command line or in a file.
     Usage(String),
-    /// Waited, and the condition was not met (a task ended otherwise, or time ran out).
+    /// Waited, and the condition was not met: a task ended otherwise.
     NotMet(String),
+    /// Waited, and time ran out.
+    TimedOut(String),
     /// Some of a bulk action's items failed; each was reported on its own line already.
     Partial { failed: usize, total: usize },
     /// Any other failure of an API call.
@@ -180,7 +182,7 @@ impl fmt::Display for ClientError {
             ClientError::Unreachable(why) => format!("cannot reach the API server: {why}"),
             ClientError::Config(why) => format!("kubeconfig: {why}"),
             ClientError::Usage(why) => why.clone(),
-            ClientError::NotMet(why) => why.clone(),
+            ClientError::NotMet(why) | ClientError::TimedOut(why) => why.clone(),
             ClientError::Partial { failed, total } => {
                 format!("{failed} of {total} failed (see above)")
             }
