@@ -136,7 +136,7 @@ impl Default for QueueConfig {
             circuit_breaker: BreakerConfig::default(),
             weight_schedule: Vec::new(),
             adaptive_min: None,
-            namespace_selector: Selector::everything(),
+            namespace_selector: Selector::default(),
         }
     }
 }
@@ -266,7 +266,7 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
     let namespace_selector = match &spec.namespace_selector {
         Some(s) => selector::parse(s, "spec.namespaceSelector")
             .map_err(QueueSpecError::NamespaceSelector)?,
-        None => Selector::everything(),
+        None => Selector::default(),
     };
     Ok(QueueConfig {
         weights,
