@@ -13,6 +13,7 @@ pub mod console;
 pub mod controller;
 pub mod core;
 pub mod ops;
+pub mod yaml;
 
 #[cfg(test)]
 mod module_import_tests;

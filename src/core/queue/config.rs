@@ -502,7 +502,7 @@ mod tests {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("readable");
-            let queue: crate::api::AxQueue = serde_yaml::from_str(&text).expect("an AxQueue");
+            let queue: crate::api::AxQueue = crate::yaml::from_str(&text).expect("an AxQueue");
             let applied = queue_config(&queue.spec);
             assert_eq!(
                 applied.is_ok(),
