@@ -4,7 +4,8 @@
 //! `controller` the thin reconcilers that read, decide with the core, and write; `ops` metrics, the
 //! HTTP endpoints and leader election; `cli` the `kubectl ax` plugin (binary `kubectl-ax`),
 //! `console` its web console (`kubectl ax ui`), and `client` what both front ends share: the
-//! connection, the errors, the requests they write and what they make of what they read.
+//! connection, the errors, the requests they write and what they make of what they read; `yaml`
+//! the one YAML dialect they all read and write.
 
 pub mod api;
 pub mod cli;
@@ -13,6 +14,7 @@ pub mod console;
 pub mod controller;
 pub mod core;
 pub mod ops;
+pub mod yaml;
 
 #[cfg(test)]
 mod module_import_tests;

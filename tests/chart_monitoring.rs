@@ -31,17 +31,12 @@ fn promtool_in(dir: &Path, args: &[&str]) -> String {
 
 /// Alert names that `alert_rule_test` entries of the unit-test file evaluate.
 fn tested_alerts(test_file: &str) -> BTreeSet<String> {
-    let tests: serde_yaml::Value = serde_yaml::from_str(test_file).expect("test file is YAML");
+    let tests: serde_json::Value = ax::yaml::from_str(test_file).expect("test file is YAML");
     tests["tests"]
-        .as_sequence()
+        .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|t| {
-            t["alert_rule_test"]
-                .as_sequence()
-                .cloned()
-                .unwrap_or_default()
-        })
+        .flat_map(|t| t["alert_rule_test"].as_array().cloned().unwrap_or_default())
         .filter_map(|a| a["alertname"].as_str().map(String::from))
         .collect()
 }
@@ -91,9 +86,9 @@ fn the_prometheus_rule_selects_the_series_named_by_its_selector_value() {
     );
     // Every metric selector of every alert carries the custom matcher.
     let exprs: Vec<String> = {
-        let file: serde_yaml::Value = serde_yaml::from_str(&custom).unwrap();
+        let file: serde_json::Value = ax::yaml::from_str(&custom).unwrap();
         file["groups"][0]["rules"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|r| r["expr"].as_str().unwrap().to_string())
@@ -200,7 +195,7 @@ fn the_dashboard_has_every_required_panel_and_only_valid_promql() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(
         dir.path().join("dashboard.yaml"),
-        serde_yaml::to_string(&file).unwrap(),
+        ax::yaml::to_string(&file).unwrap(),
     )
     .expect("write rules");
     promtool_in(dir.path(), &["check", "rules", "dashboard.yaml"]);

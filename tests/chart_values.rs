@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 const RELEASE: &str = "ax";
 const NAMESPACE: &str = "ax-system";
@@ -76,10 +76,7 @@ fn try_render(args: &[&str]) -> Result<Vec<Value>, String> {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
     let text = String::from_utf8(out.stdout).expect("helm output is UTF-8");
-    Ok(serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).expect("helm renders YAML"))
-        .filter(|doc: &Value| !doc.is_null())
-        .collect())
+    Ok(ax::yaml::documents(&text).expect("helm renders YAML"))
 }
 
 fn render(args: &[&str]) -> Vec<Value> {
@@ -109,7 +106,7 @@ fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
 fn deployment_selector(docs: &[Value]) -> &Value {
     let selector = &one(docs, "Deployment")["spec"]["selector"]["matchLabels"];
     assert!(
-        selector.as_mapping().is_some_and(|m| !m.is_empty()),
+        selector.as_object().is_some_and(|m| !m.is_empty()),
         "the Deployment has selector labels: {selector:?}"
     );
     selector
@@ -243,7 +240,7 @@ fn the_network_policy_admits_only_the_http_port_and_only_when_enabled() {
         "the policy selects the Deployment's pods"
     );
     let types: Vec<_> = policy["spec"]["policyTypes"]
-        .as_sequence()
+        .as_array()
         .expect("policyTypes")
         .iter()
         .filter_map(Value::as_str)
@@ -251,19 +248,17 @@ fn the_network_policy_admits_only_the_http_port_and_only_when_enabled() {
     assert_eq!(types, ["Ingress"], "ingress only: egress stays open");
 
     let container = &one(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0];
-    let ports = container["ports"].as_sequence().expect("container ports");
+    let ports = container["ports"].as_array().expect("container ports");
     assert_eq!(ports.len(), 1, "the operator listens on one port");
     assert_eq!(ports[0]["containerPort"], 9090);
-    let rules = policy["spec"]["ingress"]
-        .as_sequence()
-        .expect("ingress rules");
+    let rules = policy["spec"]["ingress"].as_array().expect("ingress rules");
     assert_eq!(rules.len(), 1, "one ingress rule");
-    let allowed = rules[0]["ports"].as_sequence().expect("ports of the rule");
+    let allowed = rules[0]["ports"].as_array().expect("ports of the rule");
     assert_eq!(allowed.len(), 1, "one port admitted");
     assert_eq!(allowed[0]["port"], ports[0]["containerPort"]);
     assert_eq!(allowed[0]["protocol"], "TCP");
     // No peers given: every pod of the cluster, nothing from outside.
-    let everyone: Value = serde_yaml::from_str("[{namespaceSelector: {}}]").unwrap();
+    let everyone: Value = ax::yaml::from_str("[{namespaceSelector: {}}]").unwrap();
     assert_eq!(rules[0]["from"], everyone);
 
     let peers = r#"[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}},"podSelector":{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}}]"#;
@@ -274,7 +269,7 @@ fn the_network_policy_admits_only_the_http_port_and_only_when_enabled() {
         &format!("networkPolicy.metricsFrom={peers}"),
     ]);
     let policy = one(&docs, "NetworkPolicy");
-    let want: Value = serde_yaml::from_str(peers).unwrap();
+    let want: Value = ax::yaml::from_str(peers).unwrap();
     assert_eq!(
         policy["spec"]["ingress"][0]["from"], want,
         "exactly the peers given"
@@ -289,9 +284,8 @@ fn json_types(value: &Value) -> &'static [&'static str] {
         Value::Number(n) if n.is_i64() || n.is_u64() => &["integer", "number"],
         Value::Number(_) => &["number"],
         Value::String(_) => &["string"],
-        Value::Sequence(_) => &["array"],
-        Value::Mapping(_) => &["object"],
-        Value::Tagged(_) => &[],
+        Value::Array(_) => &["array"],
+        Value::Object(_) => &["object"],
     }
 }
 
@@ -320,7 +314,7 @@ fn check_schema(
     object: &serde_json::Value,
     problems: &mut Vec<String>,
 ) {
-    let Some(mapping) = values.as_mapping() else {
+    let Some(mapping) = values.as_object() else {
         return;
     };
     let shown = if path.is_empty() { "(top level)" } else { path };
@@ -330,7 +324,6 @@ fn check_schema(
         ));
     }
     for (key, value) in mapping {
-        let key = key.as_str().expect("values keys are strings");
         let full = if path.is_empty() {
             key.to_string()
         } else {
@@ -361,7 +354,7 @@ fn check_schema(
                     "{full}: a Kubernetes object handed through must stay open (no additionalProperties: false)"
                 ));
             }
-        } else if value.is_mapping() {
+        } else if value.is_object() {
             check_schema(&full, value, property, problems);
         }
     }
@@ -370,7 +363,7 @@ fn check_schema(
 #[test]
 fn every_value_has_a_typed_and_described_schema_property() {
     let values: Value =
-        serde_yaml::from_str(&read_chart_file("values.yaml")).expect("values.yaml is YAML");
+        ax::yaml::from_str(&read_chart_file("values.yaml")).expect("values.yaml is YAML");
     let schema: serde_json::Value = serde_json::from_str(&read_chart_file("values.schema.json"))
         .expect("values.schema.json is JSON");
     assert_eq!(schema["$schema"], "http://json-schema.org/draft-07/schema#");
@@ -398,7 +391,7 @@ struct Row {
 }
 
 /// The comment lines directly above each key of values.yaml (no blank line between), joined into
-/// one line, by dotted key path. serde_yaml drops comments, so this reads the lines: indentation
+/// one line, by dotted key path. YAML readers drop comments, so this reads the lines: indentation
 /// gives the nesting.
 fn key_comments(text: &str) -> BTreeMap<String, String> {
     let mut comments = BTreeMap::new();
@@ -434,21 +427,81 @@ fn key_comments(text: &str) -> BTreeMap<String, String> {
     comments
 }
 
+/// values.yaml as written: the table follows the file, and serde_json's maps sort their keys.
+enum InOrder {
+    Map(Vec<(String, InOrder)>),
+    Other(Value),
+}
+
+impl<'de> serde::Deserialize<'de> for InOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = Vec<(String, InOrder)>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(entries)
+            }
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Map(#[serde(deserialize_with = "map_in_order")] Vec<(String, InOrder)>),
+            Other(Value),
+        }
+        fn map_in_order<'de, D: serde::Deserializer<'de>>(
+            d: D,
+        ) -> Result<Vec<(String, InOrder)>, D::Error> {
+            d.deserialize_map(Entries)
+        }
+        Ok(
+            match <Either as serde::Deserialize>::deserialize(deserializer)? {
+                Either::Map(entries) => InOrder::Map(entries),
+                Either::Other(value) => InOrder::Other(value),
+            },
+        )
+    }
+}
+
+impl serde::Serialize for InOrder {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            InOrder::Map(entries) => serializer.collect_map(entries.iter().map(|(k, v)| (k, v))),
+            InOrder::Other(value) => serde::Serialize::serialize(value, serializer),
+        }
+    }
+}
+
 /// The table's rows: every value down to the pass-through objects, in the order of values.yaml.
-fn rows(values: &Value, path: &str, comments: &BTreeMap<String, String>, out: &mut Vec<Row>) {
-    for (key, value) in values.as_mapping().expect("a mapping") {
-        let key = key.as_str().expect("values keys are strings");
+fn rows(values: &InOrder, path: &str, comments: &BTreeMap<String, String>, out: &mut Vec<Row>) {
+    let InOrder::Map(entries) = values else {
+        panic!("{path}: a mapping");
+    };
+    for (key, value) in entries {
         let full = if path.is_empty() {
             key.to_string()
         } else {
             format!("{path}.{key}")
         };
-        if value.is_mapping() && !PASS_THROUGH.contains(&full.as_str()) {
+        if matches!(value, InOrder::Map(_)) && !PASS_THROUGH.contains(&full.as_str()) {
             rows(value, &full, comments, out);
             continue;
         }
+        let kind = match value {
+            InOrder::Map(_) => "object",
+            InOrder::Other(value) => json_types(value).first().copied().unwrap_or("?"),
+        };
         out.push(Row {
-            kind: json_types(value).first().copied().unwrap_or("?"),
+            kind,
             default: serde_json::to_string(value).expect("default as JSON"),
             description: comments.get(&full).cloned().unwrap_or_default(),
             key: full,
@@ -458,7 +511,7 @@ fn rows(values: &Value, path: &str, comments: &BTreeMap<String, String>, out: &m
 
 fn value_rows() -> Vec<Row> {
     let text = read_chart_file("values.yaml");
-    let values: Value = serde_yaml::from_str(&text).expect("values.yaml is YAML");
+    let values: InOrder = ax::yaml::from_str(&text).expect("values.yaml is YAML");
     let mut out = Vec::new();
     rows(&values, "", &key_comments(&text), &mut out);
     out

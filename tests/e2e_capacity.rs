@@ -296,7 +296,7 @@ async fn wait_settled(
             Instant::now() < deadline,
             "queue {queue}: effective concurrency not settled in {range:?} for {hold:?} within \
              {timeout:?}; last status:\n{}",
-            serde_yaml::to_string(&q.status).unwrap_or_default()
+            ax::yaml::to_string(&q.status).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

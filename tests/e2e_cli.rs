@@ -158,7 +158,7 @@ async fn submit_wait_list_and_describe_a_task() {
     assert_eq!(doc["kind"], "List");
     assert_eq!(doc["items"].as_array().unwrap().len(), 2);
     let yaml = ax(&ns, &["list", "-o", "yaml", "-l", &selector]).ok();
-    let doc: serde_json::Value = serde_yaml::from_str(&yaml.stdout).expect("YAML");
+    let doc: serde_json::Value = ax::yaml::from_str(&yaml.stdout).expect("YAML");
     assert_eq!(doc["items"][0]["metadata"]["name"], name.as_str());
     // -A: the namespace column; the label is unique to this run.
     let wide = ax(&ns, &["list", "-o", "wide", "-A", "-l", &selector]).ok();

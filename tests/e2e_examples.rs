@@ -172,8 +172,7 @@ fn check(ns: &str, file: &Path, expect: &Expect) -> Result<(), String> {
         }),
         Expect::Matches(object) => {
             let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
-            let shown: serde_json::Value =
-                serde_yaml::from_str(&text).map_err(|e| e.to_string())?;
+            let shown: serde_json::Value = ax::yaml::from_str(&text).map_err(|e| e.to_string())?;
             eventually(|| {
                 let (ok, out, err) = run_kubectl(&["get", object, "-o", "json"], None);
                 if !ok {

@@ -81,7 +81,7 @@ impl Prometheus {
             }],
         });
         let config_path = dir.path().join("prometheus.yml");
-        std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).expect("config");
+        std::fs::write(&config_path, ax::yaml::to_string(&config).unwrap()).expect("config");
         let artifacts = repo_root().join("target/e2e");
         std::fs::create_dir_all(&artifacts).expect("artifacts dir");
         let log = artifacts.join("prometheus.log");

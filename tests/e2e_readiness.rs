@@ -51,9 +51,9 @@ fn kubeconfig_through(proxy_port: u16, name: &str) -> (std::path::PathBuf, Strin
     let path = std::env::var("AX_OPERATOR_KUBECONFIG")
         .expect("AX_OPERATOR_KUBECONFIG (set by e2e/run-tests.sh and with-cluster)");
     let text = std::fs::read_to_string(&path).expect("read the operator's kubeconfig");
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubeconfig YAML");
+    let mut config: serde_json::Value = ax::yaml::from_str(&text).expect("kubeconfig YAML");
     let mut upstream = None;
-    for cluster in config["clusters"].as_sequence_mut().expect("clusters") {
+    for cluster in config["clusters"].as_array_mut().expect("clusters") {
         let server = cluster["cluster"]["server"]
             .as_str()
             .expect("server")
@@ -73,7 +73,7 @@ fn kubeconfig_through(proxy_port: u16, name: &str) -> (std::path::PathBuf, Strin
     let dir = repo_root().join("target/e2e");
     std::fs::create_dir_all(&dir).expect("target/e2e");
     let file = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(&file, serde_yaml::to_string(&config).expect("YAML")).expect("write kubeconfig");
+    std::fs::write(&file, ax::yaml::to_string(&config).expect("YAML")).expect("write kubeconfig");
     (file, upstream.expect("a cluster in the kubeconfig"))
 }
 

@@ -14,12 +14,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(dir) => {
             for (file, crd) in crds {
                 let path = std::path::Path::new(&dir).join(file);
-                std::fs::write(&path, serde_yaml::to_string(&crd)?)?;
+                std::fs::write(&path, ax::yaml::to_string(&crd)?)?;
             }
         }
         None => {
             for (_, crd) in crds {
-                print!("---\n{}", serde_yaml::to_string(&crd)?);
+                print!("---\n{}", ax::yaml::to_string(&crd)?);
             }
         }
     }

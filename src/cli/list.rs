@@ -111,7 +111,7 @@ pub fn to_json<T: Serialize>(value: &T) -> Result<String, ClientError> {
 }
 
 pub fn to_yaml<T: Serialize>(value: &T) -> Result<String, ClientError> {
-    serde_yaml::to_string(value).map_err(|e| ClientError::Io(e.to_string()))
+    crate::yaml::to_string(value).map_err(|e| ClientError::Io(e.to_string()))
 }
 
 fn filter_of(args: &ListArgs) -> Result<TaskFilter, ClientError> {

@@ -125,7 +125,7 @@ mod tests {
             .replace("@VERSION@", env!("CARGO_PKG_VERSION"))
             .replace("@URI@", "https://example.org/kubectl-ax.tar.gz")
             .replace("@SHA256@", &"0".repeat(64));
-        let manifest: serde_json::Value = serde_yaml::from_str(&template).expect("YAML");
+        let manifest: serde_json::Value = crate::yaml::from_str(&template).expect("YAML");
         assert_eq!(manifest["kind"], "Plugin");
         assert_eq!(manifest["metadata"]["name"], "ax", "`kubectl ax`");
         assert_eq!(

@@ -30,7 +30,7 @@ pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), ClientError> {
     let base = match &args.file {
         Some(path) => {
             let text = read_source(path)?;
-            let value: Value = serde_yaml::from_str(&text).map_err(|e| {
+            let value: Value = crate::yaml::from_str(&text).map_err(|e| {
                 ClientError::Usage(format!("{}: not YAML or JSON: {e}", path.display()))
             })?;
             Some(value)

@@ -371,7 +371,7 @@ mod tests {
     #[test]
     fn a_manifest_whose_containers_are_not_objects_is_refused_not_a_panic() {
         for containers in ["[5]", "[\"worker\"]", "[null, {name: b}]"] {
-            let manifest: Value = serde_yaml::from_str(&format!(
+            let manifest: Value = crate::yaml::from_str(&format!(
                 "kind: AxTask\nspec: {{type: t, template: {{spec: {{containers: {containers}}}}}}}"
             ))
             .unwrap();
@@ -387,7 +387,7 @@ mod tests {
 
     #[test]
     fn flags_override_the_manifest_and_keep_the_rest() {
-        let manifest: Value = serde_yaml::from_str(
+        let manifest: Value = crate::yaml::from_str(
             r#"
 apiVersion: ax.dev/v1alpha1
 kind: AxTask

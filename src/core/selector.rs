@@ -1,32 +1,12 @@
-//! Label selectors (`metav1.LabelSelector`) as the API server reads them: `matchLabels` and
-//! `matchExpressions` (`In`, `NotIn`, `Exists`, `DoesNotExist`), all of which must hold; an empty
-//! selector selects everything. Parsed once, with the checks the API server makes on its own
-//! selectors (operators, values, label syntax), so a bad one is reported naming the field instead
-//! of silently selecting nothing.
-
-use std::collections::{BTreeMap, BTreeSet};
+//! Label selectors (`metav1.LabelSelector`): `matchLabels` and `matchExpressions` (`In`, `NotIn`,
+//! `Exists`, `DoesNotExist`), all of which must hold; an empty selector selects everything.
+//! Matching is kube's (`kube::core::Selector`). What this module adds is what kube's conversion
+//! does not check: the API server's rules for its own selectors (operators, values, label
+//! syntax), each reported naming the field, so a bad selector is refused where it is wrong
+//! instead of silently selecting nothing.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-
-/// A parsed label selector.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Selector {
-    requirements: Vec<Requirement>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Requirement {
-    key: String,
-    operator: Operator,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Operator {
-    In(BTreeSet<String>),
-    NotIn(BTreeSet<String>),
-    Exists,
-    DoesNotExist,
-}
+pub use kube::core::{Selector, SelectorExt};
 
 /// Why a selector cannot be used; `field` is the path of the offending part.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,42 +16,23 @@ pub struct SelectorError {
     pub message: String,
 }
 
-impl Selector {
-    /// The selector that selects everything (what an absent or empty one means here).
-    pub fn everything() -> Self {
-        Self::default()
-    }
-
-    pub fn selects_everything(&self) -> bool {
-        self.requirements.is_empty()
-    }
-
-    /// Whether an object with these labels is selected.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.requirements.iter().all(|r| {
-            let value = labels.get(&r.key);
-            match &r.operator {
-                Operator::In(values) => value.is_some_and(|v| values.contains(v)),
-                Operator::NotIn(values) => value.is_none_or(|v| !values.contains(v)),
-                Operator::Exists => value.is_some(),
-                Operator::DoesNotExist => value.is_none(),
-            }
-        })
-    }
-}
-
 /// Reads a selector; `field` is where it sits in the spec (for messages).
 pub fn parse(selector: &LabelSelector, field: &str) -> Result<Selector, SelectorError> {
+    check(selector, field)?;
+    // After `check`, kube's conversion cannot fail; its error is kept anyway rather than a panic.
+    Selector::try_from(selector.clone()).map_err(|e| SelectorError {
+        field: field.to_owned(),
+        message: e.0,
+    })
+}
+
+/// The API server's checks on a selector, each failure naming the part that is wrong.
+fn check(selector: &LabelSelector, field: &str) -> Result<(), SelectorError> {
     let error = |field: String, message: String| SelectorError { field, message };
-    let mut requirements = Vec::new();
     for (key, value) in selector.match_labels.iter().flatten() {
         let at = format!("{field}.matchLabels[{key}]");
         label_key(key).map_err(|m| error(at.clone(), m))?;
         label_value(value).map_err(|m| error(at, m))?;
-        requirements.push(Requirement {
-            key: key.clone(),
-            operator: Operator::In(BTreeSet::from([value.clone()])),
-        });
     }
     for (i, expression) in selector.match_expressions.iter().flatten().enumerate() {
         let at = format!("{field}.matchExpressions[{i}]");
@@ -80,37 +41,30 @@ pub fn parse(selector: &LabelSelector, field: &str) -> Result<Selector, Selector
         for value in values {
             label_value(value).map_err(|m| error(format!("{at}.values"), m))?;
         }
-        let set = || values.iter().cloned().collect::<BTreeSet<_>>();
-        let operator = match expression.operator.as_str() {
+        let operator = expression.operator.as_str();
+        match operator {
             "In" | "NotIn" if values.is_empty() => {
                 return Err(error(
                     format!("{at}.values"),
-                    format!("must not be empty with operator {}", expression.operator),
+                    format!("must not be empty with operator {operator}"),
                 ));
             }
             "Exists" | "DoesNotExist" if !values.is_empty() => {
                 return Err(error(
                     format!("{at}.values"),
-                    format!("must be empty with operator {}", expression.operator),
+                    format!("must be empty with operator {operator}"),
                 ));
             }
-            "In" => Operator::In(set()),
-            "NotIn" => Operator::NotIn(set()),
-            "Exists" => Operator::Exists,
-            "DoesNotExist" => Operator::DoesNotExist,
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
             other => {
                 return Err(error(
                     format!("{at}.operator"),
                     format!("{other:?} is not one of In, NotIn, Exists, DoesNotExist"),
                 ));
             }
-        };
-        requirements.push(Requirement {
-            key: expression.key.clone(),
-            operator,
-        });
+        }
     }
-    Ok(Selector { requirements })
+    Ok(())
 }
 
 /// A label key: an optional DNS subdomain prefix and `/`, then a name of at most 63 characters.
@@ -171,6 +125,8 @@ fn dns_subdomain(prefix: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
     use proptest::prelude::*;
 
@@ -190,11 +146,11 @@ mod tests {
     #[test]
     fn an_empty_selector_selects_everything() {
         let parsed = parse(&LabelSelector::default(), "s").expect("valid");
-        assert!(parsed.selects_everything());
+        assert!(parsed.selects_all());
         assert!(parsed.matches(&labels(&[])));
         assert!(parsed.matches(&labels(&[("a", "b")])));
         let empty_lists = selector(serde_json::json!({"matchLabels": {}, "matchExpressions": []}));
-        assert_eq!(parse(&empty_lists, "s"), Ok(Selector::everything()));
+        assert_eq!(parse(&empty_lists, "s"), Ok(Selector::default()));
     }
 
     #[test]
@@ -347,7 +303,7 @@ mod tests {
             prop_assert_eq!(parsed.matches(&object), reference(&raw, &object));
             let requirements = raw.match_labels.iter().flatten().count()
                 + raw.match_expressions.iter().flatten().count();
-            prop_assert_eq!(parsed.selects_everything(), requirements == 0);
+            prop_assert_eq!(parsed.selects_all(), requirements == 0);
         }
     }
 }

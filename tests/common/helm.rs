@@ -102,7 +102,7 @@ impl Release {
         let values_file = dir.join(format!("helm-values-{namespace}.yaml"));
         std::fs::write(
             &values_file,
-            serde_yaml::to_string(&all).expect("values as YAML"),
+            ax::yaml::to_string(&all).expect("values as YAML"),
         )
         .expect("write the values file");
         let release = Release {

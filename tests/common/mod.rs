@@ -67,7 +67,7 @@ pub fn example_of<K: serde::de::DeserializeOwned>(
     let path = repo_root().join("examples").join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let mut value: serde_json::Value = serde_yaml::from_str(&text).expect("example is YAML");
+    let mut value: serde_json::Value = ax::yaml::from_str(&text).expect("example is YAML");
     value["metadata"]["name"] = name.into();
     edit(&mut value);
     serde_json::from_value(value).unwrap_or_else(|e| {
@@ -125,7 +125,7 @@ where
             return o.clone();
         }
         if Instant::now() > deadline {
-            let last = object.map(|o| serde_yaml::to_string(&o).unwrap_or_default());
+            let last = object.map(|o| ax::yaml::to_string(&o).unwrap_or_default());
             panic!(
                 "{} {ns}/{name}: condition not met within {timeout:?}; last seen:\n{}",
                 K::kind(&()),

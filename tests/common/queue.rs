@@ -78,7 +78,7 @@ pub async fn wait_queue(
         assert!(
             Instant::now() < deadline,
             "queue {name}: {what} not within {timeout:?}; last status:\n{}",
-            serde_yaml::to_string(&queue.status).unwrap_or_default()
+            ax::yaml::to_string(&queue.status).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -26,7 +26,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// `helm template ax charts/ax-operator -n ax-system ARGS...`, one value per YAML document.
-pub fn render(args: &[&str]) -> Vec<serde_yaml::Value> {
+pub fn render(args: &[&str]) -> Vec<serde_json::Value> {
     let chart = repo_root().join("charts/ax-operator");
     let out = Command::new(helm())
         .args(["template", RELEASE])
@@ -41,17 +41,14 @@ pub fn render(args: &[&str]) -> Vec<serde_yaml::Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("helm output is UTF-8");
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).expect("helm renders YAML"))
-        .filter(|doc: &serde_yaml::Value| !doc.is_null())
-        .collect()
+    ax::yaml::documents(&text).expect("helm renders YAML")
 }
 
 /// The rendered objects of `kind`.
 pub fn of_kind<'a>(
-    docs: &'a [serde_yaml::Value],
+    docs: &'a [serde_json::Value],
     kind: &'a str,
-) -> impl Iterator<Item = &'a serde_yaml::Value> + 'a {
+) -> impl Iterator<Item = &'a serde_json::Value> + 'a {
     docs.iter()
         .filter(move |d| d["kind"].as_str() == Some(kind))
 }
@@ -64,17 +61,17 @@ pub fn rule_file(args: &[&str]) -> String {
     let docs = render(&all);
     let rules: Vec<_> = of_kind(&docs, "PrometheusRule").collect();
     assert_eq!(rules.len(), 1, "one PrometheusRule rendered");
-    serde_yaml::to_string(&rules[0]["spec"]).expect("rule groups as YAML")
+    ax::yaml::to_string(&rules[0]["spec"]).expect("rule groups as YAML")
 }
 
 /// Alert names of a rule file, in order.
 pub fn alert_names(rule_file: &str) -> Vec<String> {
-    let file: serde_yaml::Value = serde_yaml::from_str(rule_file).expect("rule file is YAML");
+    let file: serde_json::Value = ax::yaml::from_str(rule_file).expect("rule file is YAML");
     file["groups"]
-        .as_sequence()
+        .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
         .filter_map(|r| r["alert"].as_str().map(String::from))
         .collect()
 }
@@ -84,9 +81,7 @@ pub fn dashboard() -> serde_json::Value {
     let docs = render(&["--set", "grafanaDashboard.enabled=true"]);
     let maps: Vec<_> = of_kind(&docs, "ConfigMap").collect();
     assert_eq!(maps.len(), 1, "one dashboard ConfigMap rendered");
-    let data = maps[0]["data"]
-        .as_mapping()
-        .expect("the ConfigMap has data");
+    let data = maps[0]["data"].as_object().expect("the ConfigMap has data");
     assert_eq!(data.len(), 1, "one dashboard in the ConfigMap");
     let json = data.values().next().and_then(|v| v.as_str()).expect("text");
     serde_json::from_str(json).expect("the dashboard is JSON")

@@ -139,7 +139,7 @@ fn opt(text: &str) -> Option<String> {
 pub fn manifest(input: &Input) -> Result<Value, Vec<FieldError>> {
     let value = match input.mode {
         Mode::Yaml => {
-            let base: Value = serde_yaml::from_str(&input.yaml).map_err(|e| {
+            let base: Value = crate::yaml::from_str(&input.yaml).map_err(|e| {
                 vec![FieldError {
                     field: Some("yaml".into()),
                     message: format!("not YAML: {e}"),
@@ -248,7 +248,7 @@ pub fn clone_yaml(task: &AxTask) -> String {
         "metadata": metadata,
         "spec": spec,
     });
-    serde_yaml::to_string(&doc).unwrap_or_default()
+    crate::yaml::to_string(&doc).unwrap_or_default()
 }
 
 fn errors_for<'a>(errors: &'a [FieldError], field: &str) -> Vec<&'a FieldError> {
@@ -490,7 +490,7 @@ mod tests {
             "status": {"phase": "Dead"},
         }))
         .unwrap();
-        let doc: Value = serde_yaml::from_str(&clone_yaml(&task)).unwrap();
+        let doc: Value = crate::yaml::from_str(&clone_yaml(&task)).unwrap();
         assert_eq!(doc["metadata"]["generateName"], "nightly-");
         assert_eq!(doc["metadata"]["labels"], serde_json::json!({"team": "a"}));
         assert_eq!(doc["spec"]["type"], "report");

@@ -138,7 +138,7 @@ impl Default for QueueConfig {
             circuit_breaker: BreakerConfig::default(),
             weight_schedule: Vec::new(),
             adaptive_min: None,
-            namespace_selector: Selector::everything(),
+            namespace_selector: Selector::default(),
             stop_policy: StopPolicy::None,
         }
     }
@@ -269,7 +269,7 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
     let namespace_selector = match &spec.namespace_selector {
         Some(s) => selector::parse(s, "spec.namespaceSelector")
             .map_err(QueueSpecError::NamespaceSelector)?,
-        None => Selector::everything(),
+        None => Selector::default(),
     };
     Ok(QueueConfig {
         weights,
@@ -506,7 +506,7 @@ mod tests {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("readable");
-            let queue: crate::api::AxQueue = serde_yaml::from_str(&text).expect("an AxQueue");
+            let queue: crate::api::AxQueue = crate::yaml::from_str(&text).expect("an AxQueue");
             let applied = queue_config(&queue.spec);
             assert_eq!(
                 applied.is_ok(),

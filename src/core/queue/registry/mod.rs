@@ -179,8 +179,7 @@ impl Registry {
                 let selector = &config.namespace_selector;
                 // Only a selector that changed or comes into force moves tasks in or out.
                 let moves = *selector != entry.dispatcher.config().namespace_selector
-                    || (entry.availability != Availability::Active
-                        && !selector.selects_everything());
+                    || (entry.availability != Availability::Active && !selector.selects_all());
                 entry.dispatcher.set_config(config, now);
                 entry.availability = Availability::Active;
                 entry.invalid = None;

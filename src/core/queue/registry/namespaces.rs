@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{Availability, Place, QueueEntry, Registry, TaskKey};
+use crate::core::selector::SelectorExt;
 
 impl QueueEntry {
     /// Whether tasks of a namespace with these labels (`None`: not seen yet) may be dispatched
@@ -13,7 +14,7 @@ impl QueueEntry {
     pub(super) fn admits(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
         let selector = &self.dispatcher.config().namespace_selector;
         self.availability != Availability::Active
-            || selector.selects_everything()
+            || selector.selects_all()
             || labels.is_some_and(|labels| selector.matches(labels))
     }
 }
