@@ -61,7 +61,9 @@ pub struct Callbacks {
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
     Delivered(String),
-    Failed(String),
+    /// With the class of the last attempt's failure (the `class` label of
+    /// `ax_callback_failures_total`).
+    Failed(String, &'static str),
     /// The destination is not admitted: nothing was sent.
     Refused(String),
 }
@@ -122,9 +124,18 @@ impl Callbacks {
                     .publish(task.as_ref(), EventType::Warning, REASON_REFUSED, message);
             }
             let (result, message) = match outcome {
-                Outcome::Delivered(m) => (CallbackResult::Delivered, m),
-                Outcome::Failed(m) => (CallbackResult::Failed, m),
-                Outcome::Refused(m) => (CallbackResult::Refused, m),
+                Outcome::Delivered(m) => {
+                    ctx.metrics.callback_finished("delivered", None);
+                    (CallbackResult::Delivered, m)
+                }
+                Outcome::Failed(m, class) => {
+                    ctx.metrics.callback_finished("failed", Some(class));
+                    (CallbackResult::Failed, m)
+                }
+                Outcome::Refused(m) => {
+                    ctx.metrics.callback_finished("refused", None);
+                    (CallbackResult::Refused, m)
+                }
             };
             ctx.tracking.callback_done(&key, result, message);
             ctx.callbacks.in_flight().remove(&key);
@@ -141,7 +152,7 @@ impl Callbacks {
 
     async fn deliver(&self, task: &AxTask) -> Outcome {
         let Some(url) = task.spec.callback.as_ref().map(|c| c.url.clone()) else {
-            return Outcome::Failed("no callback URL".into());
+            return Outcome::Failed("no callback URL".into(), "no_url");
         };
         if let Err(refusal) = self.check_destination(&url).await {
             warn!(url, %refusal, "callback refused");
@@ -155,7 +166,7 @@ impl Callbacks {
         });
         let body = Bytes::from(body.to_string());
         let mut delay = FIRST_DELAY;
-        let mut last = String::new();
+        let (mut last, mut last_class) = (String::new(), "");
         for attempt in 1..=ATTEMPTS {
             match self.post(&url, body.clone()).await {
                 Ok(code) if (200..300).contains(&code) => {
@@ -164,8 +175,14 @@ impl Callbacks {
                         "POST {url} answered {code} (attempt {attempt})"
                     ));
                 }
-                Ok(code) => last = format!("POST {url} answered {code}"),
-                Err(e) => last = format!("POST {url} failed: {e}"),
+                Ok(code) => {
+                    last = format!("POST {url} answered {code}");
+                    last_class = status_class(code);
+                }
+                Err((class, e)) => {
+                    last = format!("POST {url} failed: {e}");
+                    last_class = class;
+                }
             }
             if attempt < ATTEMPTS {
                 tokio::time::sleep(delay).await;
@@ -173,7 +190,7 @@ impl Callbacks {
             }
         }
         warn!(url, "callback not delivered: {last}");
-        Outcome::Failed(format!("{last} (after {ATTEMPTS} attempts)"))
+        Outcome::Failed(format!("{last} (after {ATTEMPTS} attempts)"), last_class)
     }
 
     /// Refuses a destination the allowlist does not admit: the address itself, or every address
@@ -197,17 +214,34 @@ impl Callbacks {
         }
     }
 
-    async fn post(&self, url: &str, body: Bytes) -> Result<u16, String> {
+    /// The status code, or the failure's class and message.
+    async fn post(&self, url: &str, body: Bytes) -> Result<u16, (&'static str, String)> {
         let request = hyper::Request::post(url)
             .header("content-type", "application/json")
             .header("user-agent", "ax-operator")
             .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ("invalid_url", e.to_string()))?;
         match tokio::time::timeout(REQUEST_TIMEOUT, self.http.request(request)).await {
             Ok(Ok(response)) => Ok(response.status().as_u16()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs())),
+            // Includes names that do not resolve and destinations the resolver refuses.
+            Ok(Err(e)) if e.is_connect() => Err(("connect", e.to_string())),
+            Ok(Err(e)) => Err(("protocol", e.to_string())),
+            Err(_) => Err((
+                "timeout",
+                format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
+            )),
         }
+    }
+}
+
+/// The failure class of a POST answered with `code` (not 2xx): `status_3xx` (redirects are not
+/// followed), `status_4xx`, `status_5xx`, or `status_other`.
+fn status_class(code: u16) -> &'static str {
+    match code {
+        300..=399 => "status_3xx",
+        400..=499 => "status_4xx",
+        500..=599 => "status_5xx",
+        _ => "status_other",
     }
 }
 
@@ -382,10 +416,21 @@ mod tests {
             .deliver(&task_calling(&url))
             .await;
         match outcome {
-            Outcome::Failed(message) => assert!(message.contains("answered 302"), "{message}"),
+            Outcome::Failed(message, class) => {
+                assert!(message.contains("answered 302"), "{message}");
+                assert_eq!(class, "status_3xx");
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(followed.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn answers_are_classed_by_their_hundreds() {
+        assert_eq!(status_class(301), "status_3xx");
+        assert_eq!(status_class(404), "status_4xx");
+        assert_eq!(status_class(503), "status_5xx");
+        assert_eq!(status_class(101), "status_other");
     }
 
     #[tokio::test]
