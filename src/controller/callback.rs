@@ -31,6 +31,7 @@ use super::{Ctx, TaskKey};
 use crate::api::AxTask;
 use crate::core::egress::{Allowlist, Refusal, admit, admit_all};
 use crate::core::task::CallbackResult;
+use crate::ops::metrics::Metrics;
 
 const ATTEMPTS: u32 = 4;
 const FIRST_DELAY: Duration = Duration::from_millis(500);
@@ -123,19 +124,11 @@ impl Callbacks {
                 ctx.events
                     .publish(task.as_ref(), EventType::Warning, REASON_REFUSED, message);
             }
+            count(&ctx.metrics, &outcome);
             let (result, message) = match outcome {
-                Outcome::Delivered(m) => {
-                    ctx.metrics.callback_finished("delivered", None);
-                    (CallbackResult::Delivered, m)
-                }
-                Outcome::Failed(m, class) => {
-                    ctx.metrics.callback_finished("failed", Some(class));
-                    (CallbackResult::Failed, m)
-                }
-                Outcome::Refused(m) => {
-                    ctx.metrics.callback_finished("refused", None);
-                    (CallbackResult::Refused, m)
-                }
+                Outcome::Delivered(m) => (CallbackResult::Delivered, m),
+                Outcome::Failed(m, _) => (CallbackResult::Failed, m),
+                Outcome::Refused(m) => (CallbackResult::Refused, m),
             };
             ctx.tracking.callback_done(&key, result, message);
             ctx.callbacks.in_flight().remove(&key);
@@ -231,6 +224,16 @@ impl Callbacks {
                 format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
             )),
         }
+    }
+}
+
+/// Counts a finished delivery in `ax_callbacks_total` (and a failed one in
+/// `ax_callback_failures_total`).
+fn count(metrics: &Metrics, outcome: &Outcome) {
+    match outcome {
+        Outcome::Delivered(_) => metrics.callback_finished("delivered", None),
+        Outcome::Failed(_, class) => metrics.callback_finished("failed", Some(class)),
+        Outcome::Refused(_) => metrics.callback_finished("refused", None),
     }
 }
 
@@ -338,6 +341,29 @@ mod tests {
             }
         }
         assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn outcomes_are_counted_by_what_happened() {
+        let (addr, _) = listener("127.0.0.1", OK).await;
+        let url = format!("http://127.0.0.1:{}/done", addr.port());
+        let metrics = Metrics::new();
+        count(&metrics, &callbacks(&[]).deliver(&task_calling(&url)).await);
+        let allowed = callbacks(&["127.0.0.1/32"]);
+        count(&metrics, &allowed.deliver(&task_calling(&url)).await);
+        count(
+            &metrics,
+            &Outcome::Failed("POST answered 503".into(), "status_5xx"),
+        );
+        let text = metrics.encode().expect("encode");
+        for series in [
+            r#"ax_callbacks_total{outcome="refused"} 1"#,
+            r#"ax_callbacks_total{outcome="delivered"} 1"#,
+            r#"ax_callbacks_total{outcome="failed"} 1"#,
+            r#"ax_callback_failures_total{class="status_5xx"} 1"#,
+        ] {
+            assert!(text.contains(&format!("{series}\n")), "{series}:\n{text}");
+        }
     }
 
     #[tokio::test]

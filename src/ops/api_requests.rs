@@ -147,6 +147,51 @@ mod tests {
         assert_eq!(verb(Method::GET, "/version"), "get");
     }
 
+    /// Answers every request with `status`, or fails when `None`.
+    struct Answer(Option<u16>);
+
+    impl Service<Request<()>> for Answer {
+        type Response = Response<()>;
+        type Error = &'static str;
+        type Future = std::future::Ready<Result<Response<()>, &'static str>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::ready(match self.0 {
+                Some(status) => Ok(Response::builder().status(status).body(()).unwrap()),
+                None => Err("connection refused"),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn every_answer_and_every_error_is_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let layer = CountRequestsLayer::new(metrics.clone());
+        let patch = || {
+            Request::patch("/apis/ax.dev/v1alpha1/namespaces/ns/axtasks/t/status")
+                .body(())
+                .unwrap()
+        };
+        let mut conflict = layer.layer(Answer(Some(409)));
+        conflict.call(patch()).await.expect("answered");
+        conflict.call(patch()).await.expect("answered");
+        let mut down = layer.layer(Answer(None));
+        down.call(patch()).await.expect_err("no answer");
+        let text = metrics.encode().expect("encode");
+        assert!(
+            text.contains("ax_kubernetes_requests_total{verb=\"patch\",code=\"409\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ax_kubernetes_requests_total{verb=\"patch\",code=\"error\"} 1\n"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn writes_are_named_by_method() {
         let lease = "/apis/coordination.k8s.io/v1/namespaces/ax/leases/ax-operator";
