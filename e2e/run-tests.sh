@@ -107,6 +107,8 @@ export AX_OPERATOR_METRICS_ADDR=127.0.0.1:18080
 # The callback tests' receiver listens on 127.0.0.2: the operator calls it only because this
 # allowlist names it (127.0.0.1 stays refused, which another test checks).
 export AX_CALLBACK_ALLOW=${AX_CALLBACK_ALLOW:-127.0.0.2/32}
+# Tests assert on series of their own made-up task types, hundreds in a run: no `other` here.
+export AX_METRICS_MAX_TYPES=${AX_METRICS_MAX_TYPES:-100000}
 start_operator() {
   KUBECONFIG=$AX_OPERATOR_KUBECONFIG RUST_LOG=${RUST_LOG:-info,ax=debug} AX_METRICS_ADDR=$AX_OPERATOR_METRICS_ADDR \
     "$AX_OPERATOR_BIN" --identity e2e >>"$ARTIFACTS/operator.log" 2>&1 &

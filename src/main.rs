@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use ax::controller::run::{Settings, run};
 use ax::core::egress::Allowlist;
+use ax::ops::api_requests::CountRequestsLayer;
 use ax::ops::http::{self, HttpState};
 use ax::ops::leader::{LEASE_NAME, Leadership, LeaseSettings, Role};
-use ax::ops::metrics::Metrics;
+use ax::ops::metrics::{DEFAULT_MAX_TYPES, Metrics};
 use clap::Parser;
 use tokio::sync::watch;
 use tracing::{error, info};
@@ -75,6 +76,11 @@ struct Args {
     #[arg(long, env = "AX_PROGRESS_WRITES_PER_SECOND", default_value_t = 10,
         value_parser = clap::value_parser!(u32).range(1..=100_000))]
     progress_writes_per_second: u32,
+    /// Distinct task types the metrics name (the `type` label): the first this many seen since the
+    /// operator started keep their name, later ones are reported as `other`, so a client that
+    /// makes up types cannot grow the metrics without bound.
+    #[arg(long, env = "AX_METRICS_MAX_TYPES", default_value_t = DEFAULT_MAX_TYPES)]
+    metrics_max_types: usize,
 }
 
 /// A number of seconds from 0 to one hour.
@@ -111,9 +117,11 @@ async fn main() -> Result<(), BoxError> {
         .unwrap_or_else(|| format!("pid-{}", std::process::id()));
     let callback_allow = Allowlist::parse(args.callback_allow.iter().map(String::as_str))?;
     info!(allow = %callback_allow, "callbacks go to public addresses and these");
-    let client = kube::Client::try_default().await?;
+    let metrics = Arc::new(Metrics::with_max_types(args.metrics_max_types));
+    let client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
+        .with_layer(&CountRequestsLayer::new(metrics.clone()))
+        .build();
 
-    let metrics = Arc::new(Metrics::new());
     let http_state = HttpState::new(metrics.clone());
     let server_state = http_state.clone();
     let addr = args.metrics_addr;

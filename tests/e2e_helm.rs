@@ -47,7 +47,10 @@ struct Replicas {
 /// and one leads.
 async fn install_two_replicas(test: &str) -> Replicas {
     let client = client().await;
-    let release = Release::install(&client, test, serde_json::json!({})).await;
+    // The cluster holds the tasks of every earlier test, of many more types than the default cap
+    // of the `type` label: comparing ax_tasks with kubectl needs each of them named.
+    let values = serde_json::json!({"operator": {"metricsMaxTypes": 100_000}});
+    let release = Release::install(&client, test, values).await;
     let ns = release.namespace.clone();
     let pods = wait_operator_ready(&client, &ns, 2).await;
     let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();

@@ -31,6 +31,7 @@ use super::{Ctx, TaskKey};
 use crate::api::AxTask;
 use crate::core::egress::{Allowlist, Refusal, admit, admit_all};
 use crate::core::task::CallbackResult;
+use crate::ops::metrics::Metrics;
 
 const ATTEMPTS: u32 = 4;
 const FIRST_DELAY: Duration = Duration::from_millis(500);
@@ -61,7 +62,9 @@ pub struct Callbacks {
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
     Delivered(String),
-    Failed(String),
+    /// With the class of the last attempt's failure (the `class` label of
+    /// `ax_callback_failures_total`).
+    Failed(String, &'static str),
     /// The destination is not admitted: nothing was sent.
     Refused(String),
 }
@@ -121,9 +124,10 @@ impl Callbacks {
                 ctx.events
                     .publish(task.as_ref(), EventType::Warning, REASON_REFUSED, message);
             }
+            count(&ctx.metrics, &outcome);
             let (result, message) = match outcome {
                 Outcome::Delivered(m) => (CallbackResult::Delivered, m),
-                Outcome::Failed(m) => (CallbackResult::Failed, m),
+                Outcome::Failed(m, _) => (CallbackResult::Failed, m),
                 Outcome::Refused(m) => (CallbackResult::Refused, m),
             };
             ctx.tracking.callback_done(&key, result, message);
@@ -141,7 +145,7 @@ impl Callbacks {
 
     async fn deliver(&self, task: &AxTask) -> Outcome {
         let Some(url) = task.spec.callback.as_ref().map(|c| c.url.clone()) else {
-            return Outcome::Failed("no callback URL".into());
+            return Outcome::Failed("no callback URL".into(), "no_url");
         };
         if let Err(refusal) = self.check_destination(&url).await {
             warn!(url, %refusal, "callback refused");
@@ -155,7 +159,7 @@ impl Callbacks {
         });
         let body = Bytes::from(body.to_string());
         let mut delay = FIRST_DELAY;
-        let mut last = String::new();
+        let (mut last, mut last_class) = (String::new(), "");
         for attempt in 1..=ATTEMPTS {
             match self.post(&url, body.clone()).await {
                 Ok(code) if (200..300).contains(&code) => {
@@ -164,8 +168,14 @@ impl Callbacks {
                         "POST {url} answered {code} (attempt {attempt})"
                     ));
                 }
-                Ok(code) => last = format!("POST {url} answered {code}"),
-                Err(e) => last = format!("POST {url} failed: {e}"),
+                Ok(code) => {
+                    last = format!("POST {url} answered {code}");
+                    last_class = status_class(code);
+                }
+                Err((class, e)) => {
+                    last = format!("POST {url} failed: {e}");
+                    last_class = class;
+                }
             }
             if attempt < ATTEMPTS {
                 tokio::time::sleep(delay).await;
@@ -173,7 +183,7 @@ impl Callbacks {
             }
         }
         warn!(url, "callback not delivered: {last}");
-        Outcome::Failed(format!("{last} (after {ATTEMPTS} attempts)"))
+        Outcome::Failed(format!("{last} (after {ATTEMPTS} attempts)"), last_class)
     }
 
     /// Refuses a destination the allowlist does not admit: the address itself, or every address
@@ -197,17 +207,44 @@ impl Callbacks {
         }
     }
 
-    async fn post(&self, url: &str, body: Bytes) -> Result<u16, String> {
+    /// The status code, or the failure's class and message.
+    async fn post(&self, url: &str, body: Bytes) -> Result<u16, (&'static str, String)> {
         let request = hyper::Request::post(url)
             .header("content-type", "application/json")
             .header("user-agent", "ax-operator")
             .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ("invalid_url", e.to_string()))?;
         match tokio::time::timeout(REQUEST_TIMEOUT, self.http.request(request)).await {
             Ok(Ok(response)) => Ok(response.status().as_u16()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {}s", REQUEST_TIMEOUT.as_secs())),
+            // Includes names that do not resolve and destinations the resolver refuses.
+            Ok(Err(e)) if e.is_connect() => Err(("connect", e.to_string())),
+            Ok(Err(e)) => Err(("protocol", e.to_string())),
+            Err(_) => Err((
+                "timeout",
+                format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
+            )),
         }
+    }
+}
+
+/// Counts a finished delivery in `ax_callbacks_total` (and a failed one in
+/// `ax_callback_failures_total`).
+fn count(metrics: &Metrics, outcome: &Outcome) {
+    match outcome {
+        Outcome::Delivered(_) => metrics.callback_finished("delivered", None),
+        Outcome::Failed(_, class) => metrics.callback_finished("failed", Some(class)),
+        Outcome::Refused(_) => metrics.callback_finished("refused", None),
+    }
+}
+
+/// The failure class of a POST answered with `code` (not 2xx): `status_3xx` (redirects are not
+/// followed), `status_4xx`, `status_5xx`, or `status_other`.
+fn status_class(code: u16) -> &'static str {
+    match code {
+        300..=399 => "status_3xx",
+        400..=499 => "status_4xx",
+        500..=599 => "status_5xx",
+        _ => "status_other",
     }
 }
 
@@ -307,6 +344,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn outcomes_are_counted_by_what_happened() {
+        let (addr, _) = listener("127.0.0.1", OK).await;
+        let url = format!("http://127.0.0.1:{}/done", addr.port());
+        let metrics = Metrics::new();
+        count(&metrics, &callbacks(&[]).deliver(&task_calling(&url)).await);
+        let allowed = callbacks(&["127.0.0.1/32"]);
+        count(&metrics, &allowed.deliver(&task_calling(&url)).await);
+        count(
+            &metrics,
+            &Outcome::Failed("POST answered 503".into(), "status_5xx"),
+        );
+        let text = metrics.encode().expect("encode");
+        for series in [
+            r#"ax_callbacks_total{outcome="refused"} 1"#,
+            r#"ax_callbacks_total{outcome="delivered"} 1"#,
+            r#"ax_callbacks_total{outcome="failed"} 1"#,
+            r#"ax_callback_failures_total{class="status_5xx"} 1"#,
+        ] {
+            assert!(text.contains(&format!("{series}\n")), "{series}:\n{text}");
+        }
+    }
+
+    #[tokio::test]
     async fn an_allowlisted_receiver_gets_its_post() {
         let (addr, connections) = listener("127.0.0.1", OK).await;
         let url = format!("http://127.0.0.1:{}/done", addr.port());
@@ -382,10 +442,21 @@ mod tests {
             .deliver(&task_calling(&url))
             .await;
         match outcome {
-            Outcome::Failed(message) => assert!(message.contains("answered 302"), "{message}"),
+            Outcome::Failed(message, class) => {
+                assert!(message.contains("answered 302"), "{message}");
+                assert_eq!(class, "status_3xx");
+            }
             other => panic!("{other:?}"),
         }
         assert_eq!(followed.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn answers_are_classed_by_their_hundreds() {
+        assert_eq!(status_class(301), "status_3xx");
+        assert_eq!(status_class(404), "status_4xx");
+        assert_eq!(status_class(503), "status_5xx");
+        assert_eq!(status_class(101), "status_other");
     }
 
     #[tokio::test]

@@ -1,7 +1,8 @@
 //! The operator's Prometheus metrics (DESIGN §6), encoded in the OpenMetrics text format for `/metrics`.
 //!
 //! Label values are short categories (phase names, failure kinds, reason codes), never free text:
-//! every distinct value is a new time series.
+//! every distinct value is a new time series. The one free-form label, a task's `type`, is capped:
+//! the first `max_types` distinct types keep their name, later ones are reported as `other`.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -14,6 +15,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use super::process::ProcessCollector;
+
+/// `--metrics-max-types` when not given.
+pub const DEFAULT_MAX_TYPES: usize = 100;
 
 /// `Content-Type` of [`Metrics::encode`]'s output.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -94,6 +100,80 @@ pub struct ReconcileErrorLabels {
     pub category: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfoLabels {
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CronFiringLabels {
+    /// The kind of child created: `AxTask` or `AxDag`.
+    pub kind: String,
+    /// `true` for a catch-up run of a missed time, `false` for the regular one.
+    pub catch_up: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeOnlyLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete` (see `ops::api_requests`).
+    pub verb: String,
+    /// The HTTP status code, or `error` when no response came.
+    pub code: String,
+}
+
+/// The value reported for task types beyond the cap.
+pub const OTHER_TYPE: &str = "other";
+
+/// The values the free-form `type` label may take: the first `max` distinct types seen keep their
+/// name for the life of the process, every later one is `other`. First-seen rather than most
+/// frequent, so a series never changes its meaning (a counter never moves between labels).
+#[derive(Debug)]
+pub struct TypeCap {
+    max: usize,
+    admitted: HashSet<String>,
+}
+
+impl TypeCap {
+    pub fn new(max: usize) -> Self {
+        TypeCap {
+            max,
+            admitted: HashSet::new(),
+        }
+    }
+
+    /// The label value for `task_type`, admitting it while there is room.
+    pub fn label<'a>(&mut self, task_type: &'a str) -> &'a str {
+        if self.admitted.contains(task_type) {
+            return task_type;
+        }
+        if self.admitted.len() < self.max {
+            self.admitted.insert(task_type.to_owned());
+            return task_type;
+        }
+        OTHER_TYPE
+    }
+}
+
 /// A gauge family whose whole content is recomputed from a snapshot: series missing from the
 /// latest snapshot are removed, so a phase that emptied disappears instead of keeping its old count.
 #[derive(Debug)]
@@ -154,12 +234,27 @@ pub struct Metrics {
     reconcile_duration: Family<ControllerLabels, Histogram>,
     reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     leader: Gauge,
+    build_info: Family<BuildInfoLabels, Gauge>,
+    cron_firings: Family<CronFiringLabels, Counter>,
+    cron_missed: Family<ReasonLabels, Counter>,
+    cron_concurrency_skips: Family<PolicyLabels, Counter>,
+    callbacks: Family<OutcomeOnlyLabels, Counter>,
+    callback_failures: Family<ClassLabels, Counter>,
+    kubernetes_requests: Family<RequestLabels, Counter>,
+    task_types: Mutex<TypeCap>,
+    /// Per queue, the capped (`other`) types whose circuit is open: their one `other` series shows
+    /// 1 while any of them is open, so one type closing does not hide another still open.
+    open_other_circuits: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn fast_histogram() -> Histogram {
@@ -175,7 +270,13 @@ fn task_duration_histogram() -> Histogram {
 }
 
 impl Metrics {
+    /// With at most [`DEFAULT_MAX_TYPES`] distinct task types.
     pub fn new() -> Self {
+        Self::with_max_types(DEFAULT_MAX_TYPES)
+    }
+
+    /// With at most `max_types` distinct values of the `type` label (later types are `other`).
+    pub fn with_max_types(max_types: usize) -> Self {
         let metrics = Metrics {
             registry: Registry::default(),
             tasks: SnapshotGauges::new(),
@@ -193,8 +294,28 @@ impl Metrics {
             reconcile_duration: Family::new_with_constructor(fast_histogram),
             reconcile_errors: Family::default(),
             leader: Gauge::default(),
+            build_info: Family::default(),
+            cron_firings: Family::default(),
+            cron_missed: Family::default(),
+            cron_concurrency_skips: Family::default(),
+            callbacks: Family::default(),
+            callback_failures: Family::default(),
+            kubernetes_requests: Family::default(),
+            task_types: Mutex::new(TypeCap::new(max_types)),
+            open_other_circuits: Mutex::new(HashMap::new()),
         };
+        metrics
+            .build_info
+            .get_or_create(&BuildInfoLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
         metrics.register()
+    }
+
+    /// The `type` label value of `task_type`, capped.
+    fn type_label(&self, task_type: &str) -> String {
+        lock(&self.task_types).label(task_type).to_owned()
     }
 
     fn register(mut self) -> Self {
@@ -274,6 +395,42 @@ impl Metrics {
             "1 while this replica holds the ax-operator lease",
             self.leader.clone(),
         );
+        r.register(
+            "ax_build_info",
+            "Always 1; the labels say which build of the operator runs",
+            self.build_info.clone(),
+        );
+        r.register(
+            "ax_cron_firings",
+            "Children created by AxCrons at their scheduled times, by child kind and whether the run catches up a missed time",
+            self.cron_firings.clone(),
+        );
+        r.register(
+            "ax_cron_missed_times",
+            "Scheduled times of AxCrons that did not run because they were missed (operator down, cron suspended, too late), by reason",
+            self.cron_missed.clone(),
+        );
+        r.register(
+            "ax_cron_concurrency_skips",
+            "Scheduled times of AxCrons skipped by their concurrencyPolicy (Forbid: a child still active; Replace: superseded)",
+            self.cron_concurrency_skips.clone(),
+        );
+        r.register(
+            "ax_callbacks",
+            "Finished callback deliveries by outcome: delivered, refused (destination not admitted, nothing sent) or failed",
+            self.callbacks.clone(),
+        );
+        r.register(
+            "ax_callback_failures",
+            "Callback deliveries that failed after every attempt, by the class of the last attempt's failure",
+            self.callback_failures.clone(),
+        );
+        r.register(
+            "ax_kubernetes_requests",
+            "Requests of the operator to the Kubernetes API, by verb and HTTP status code",
+            self.kubernetes_requests.clone(),
+        );
+        r.register_collector(Box::new(ProcessCollector));
         self
     }
 
@@ -289,7 +446,7 @@ impl Metrics {
             .replace(counts.into_iter().map(|((queue, task_type, phase), n)| {
                 let labels = TaskCountLabels {
                     queue: queue.as_ref().to_owned(),
-                    r#type: task_type.as_ref().to_owned(),
+                    r#type: self.type_label(task_type.as_ref()),
                     phase: phase.as_ref().to_owned(),
                 };
                 (labels, n)
@@ -319,7 +476,7 @@ impl Metrics {
     pub fn task_finished(&self, task_type: &str, outcome: &str, duration: Duration) {
         self.task_duration
             .get_or_create(&OutcomeLabels {
-                r#type: task_type.to_owned(),
+                r#type: self.type_label(task_type),
                 outcome: outcome.to_owned(),
             })
             .observe(duration.as_secs_f64());
@@ -329,7 +486,7 @@ impl Metrics {
     pub fn retried(&self, task_type: &str, kind: &str) {
         self.retries
             .get_or_create(&RetryLabels {
-                r#type: task_type.to_owned(),
+                r#type: self.type_label(task_type),
                 kind: kind.to_owned(),
             })
             .inc();
@@ -340,7 +497,7 @@ impl Metrics {
     pub fn dead(&self, task_type: &str, reason: &str) {
         self.dead_tasks
             .get_or_create(&DeadLabels {
-                r#type: task_type.to_owned(),
+                r#type: self.type_label(task_type),
                 reason: reason.to_owned(),
             })
             .inc();
@@ -408,12 +565,25 @@ impl Metrics {
 
     /// Records whether the circuit of (`queue`, `task_type`) is open; a closed circuit shows 0.
     pub fn set_circuit_open(&self, queue: &str, task_type: &str, open: bool) {
+        let label = self.type_label(task_type);
+        let shown = if label == OTHER_TYPE && task_type != OTHER_TYPE {
+            let mut open_other = lock(&self.open_other_circuits);
+            let types = open_other.entry(queue.to_owned()).or_default();
+            if open {
+                types.insert(task_type.to_owned());
+            } else {
+                types.remove(task_type);
+            }
+            !types.is_empty()
+        } else {
+            open
+        };
         self.circuit_open
             .get_or_create(&CircuitLabels {
                 queue: queue.to_owned(),
-                r#type: task_type.to_owned(),
+                r#type: label,
             })
-            .set(i64::from(open));
+            .set(i64::from(shown));
     }
 
     /// Starts timing one reconcile of `controller`; the duration is recorded when the guard drops,
@@ -442,6 +612,62 @@ impl Metrics {
 
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
+    }
+
+    /// An AxCron created a child of `kind` (`AxTask`, `AxDag`) for a scheduled time; `catch_up`
+    /// for a missed time run late.
+    pub fn cron_fired(&self, kind: &str, catch_up: bool) {
+        self.cron_firings
+            .get_or_create(&CronFiringLabels {
+                kind: kind.to_owned(),
+                catch_up: catch_up.to_string(),
+            })
+            .inc();
+    }
+
+    /// `count` scheduled times of an AxCron were missed and will not run, for `reason`.
+    pub fn cron_missed(&self, reason: &str, count: u64) {
+        self.cron_missed
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc_by(count);
+    }
+
+    /// `count` scheduled times of an AxCron were skipped by its concurrencyPolicy `policy`.
+    pub fn cron_concurrency_skipped(&self, policy: &str, count: u64) {
+        self.cron_concurrency_skips
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .inc_by(count);
+    }
+
+    /// A callback delivery finished with `outcome` (`delivered`, `refused`, `failed`); a failed one
+    /// also counts under the `failure_class` of its last attempt.
+    pub fn callback_finished(&self, outcome: &str, failure_class: Option<&str>) {
+        self.callbacks
+            .get_or_create(&OutcomeOnlyLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+        if let Some(class) = failure_class {
+            self.callback_failures
+                .get_or_create(&ClassLabels {
+                    class: class.to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    /// The operator sent a `verb` request to the Kubernetes API and got `code`.
+    pub fn kubernetes_request(&self, verb: &str, code: &str) {
+        self.kubernetes_requests
+            .get_or_create(&RequestLabels {
+                verb: verb.to_owned(),
+                code: code.to_owned(),
+            })
+            .inc();
     }
 
     /// All metrics in the OpenMetrics text format (serve with [`OPENMETRICS_CONTENT_TYPE`]).
@@ -497,6 +723,11 @@ mod tests {
         drop(metrics.reconcile_timer("axtask"));
         metrics.reconcile_error("axtask", "write_status", "stale");
         metrics.set_leader(true);
+        metrics.cron_fired("AxTask", false);
+        metrics.cron_missed("MisfireSkip", 3);
+        metrics.cron_concurrency_skipped("Forbid", 1);
+        metrics.callback_finished("failed", Some("status_5xx"));
+        metrics.kubernetes_request("patch", "409");
         let text = metrics.encode().expect("encode");
 
         for (kind, name) in [
@@ -515,6 +746,13 @@ mod tests {
             ("histogram", "ax_reconcile_duration_seconds"),
             ("counter", "ax_reconcile_errors"),
             ("gauge", "ax_leader"),
+            ("gauge", "ax_build_info"),
+            ("counter", "ax_cron_firings"),
+            ("counter", "ax_cron_missed_times"),
+            ("counter", "ax_cron_concurrency_skips"),
+            ("counter", "ax_callbacks"),
+            ("counter", "ax_callback_failures"),
+            ("counter", "ax_kubernetes_requests"),
         ] {
             assert!(
                 text.contains(&format!("# TYPE {name} {kind}\n")),
@@ -537,6 +775,12 @@ mod tests {
             r#"ax_reconcile_duration_seconds_count{controller="axtask"}"#,
             r#"ax_reconcile_errors_total{controller="axtask",step="write_status",category="stale"}"#,
             "ax_leader",
+            r#"ax_cron_firings_total{kind="AxTask",catch_up="false"}"#,
+            r#"ax_cron_missed_times_total{reason="MisfireSkip"}"#,
+            r#"ax_cron_concurrency_skips_total{policy="Forbid"}"#,
+            r#"ax_callbacks_total{outcome="failed"}"#,
+            r#"ax_callback_failures_total{class="status_5xx"}"#,
+            r#"ax_kubernetes_requests_total{verb="patch",code="409"}"#,
         ] {
             assert!(
                 sample(&text, series).is_some(),
@@ -544,6 +788,15 @@ mod tests {
             );
         }
         assert_eq!(sample(&text, "ax_leader"), Some(1.0));
+        assert_eq!(
+            sample(&text, r#"ax_cron_missed_times_total{reason="MisfireSkip"}"#),
+            Some(3.0)
+        );
+        let build = format!(
+            r#"ax_build_info{{version="{}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(sample(&text, &build), Some(1.0), "{text}");
         assert!(text.ends_with("# EOF\n"), "not OpenMetrics:\n{text}");
     }
 
@@ -749,5 +1002,96 @@ mod tests {
             Some(1.0)
         );
         assert_eq!(sample(&text, "ax_leader"), Some(0.0));
+    }
+
+    #[test]
+    fn the_type_cap_admits_the_first_types_seen_and_calls_the_rest_other() {
+        let mut cap = TypeCap::new(2);
+        assert_eq!(cap.label("resize"), "resize");
+        assert_eq!(cap.label("report"), "report");
+        assert_eq!(cap.label("etl"), OTHER_TYPE);
+        assert_eq!(
+            cap.label("resize"),
+            "resize",
+            "admitted types stay admitted"
+        );
+        assert_eq!(cap.label("etl"), OTHER_TYPE, "a capped type stays capped");
+        assert_eq!(TypeCap::new(0).label("resize"), OTHER_TYPE);
+    }
+
+    #[test]
+    fn capped_types_share_the_other_series_of_every_metric_with_a_type() {
+        let metrics = Metrics::with_max_types(1);
+        metrics.set_task_counts([
+            (("default", "resize", "Pending"), 1),
+            (("default", "etl", "Pending"), 2),
+            (("default", "report", "Pending"), 3),
+        ]);
+        metrics.dead("etl", "RetriesExhausted");
+        metrics.dead("report", "RetriesExhausted");
+        metrics.retried("etl", "Retryable");
+        metrics.task_finished("etl", "Succeeded", Duration::from_secs(1));
+        let text = metrics.encode().expect("encode");
+
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_tasks{queue="default",type="resize",phase="Pending"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_tasks{queue="default",type="other",phase="Pending"}"#
+            ),
+            Some(5.0),
+            "capped types are summed"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                r#"ax_dead_tasks_total{type="other",reason="RetriesExhausted"}"#
+            ),
+            Some(2.0)
+        );
+        assert!(sample(&text, r#"ax_retries_total{type="other",kind="Retryable"}"#).is_some());
+        assert!(
+            sample(
+                &text,
+                r#"ax_task_duration_seconds_count{type="other",outcome="Succeeded"}"#
+            )
+            .is_some()
+        );
+        assert!(!text.contains(r#"type="etl""#), "{text}");
+    }
+
+    #[test]
+    fn the_other_circuit_stays_open_while_any_capped_type_is_open() {
+        let metrics = Metrics::with_max_types(1);
+        let circuit = r#"ax_circuit_open{queue="q",type="other"}"#;
+        metrics.set_circuit_open("q", "resize", false);
+        metrics.set_circuit_open("q", "etl", true);
+        metrics.set_circuit_open("q", "report", true);
+        metrics.set_circuit_open("q", "etl", false);
+        assert_eq!(sample(&metrics.encode().unwrap(), circuit), Some(1.0));
+        metrics.set_circuit_open("q", "report", false);
+        assert_eq!(sample(&metrics.encode().unwrap(), circuit), Some(0.0));
+    }
+
+    #[test]
+    fn process_metrics_are_scraped_on_linux() {
+        let text = Metrics::new().encode().expect("encode");
+        if cfg!(target_os = "linux") {
+            for name in [
+                "process_resident_memory_bytes",
+                "process_cpu_seconds_total",
+                "process_open_fds",
+                "process_start_time_seconds",
+            ] {
+                let value = sample(&text, name).unwrap_or_else(|| panic!("{name}:\n{text}"));
+                assert!(value >= 0.0, "{name} {value}");
+            }
+        }
     }
 }

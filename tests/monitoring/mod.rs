@@ -163,8 +163,9 @@ pub fn label_value_variables(dashboard: &serde_json::Value) -> Vec<(String, Stri
                 .strip_prefix("label_values(")
                 .and_then(|q| q.strip_suffix(')'))
                 .unwrap_or_else(|| panic!("variable {name}: not label_values(...): {query}"));
+            // The label is last; the metric's selector may hold commas of its own.
             let (metric, label) = inner
-                .split_once(',')
+                .rsplit_once(',')
                 .unwrap_or_else(|| panic!("variable {name}: label_values(metric, label): {query}"));
             (name, metric.trim().to_string(), label.trim().to_string())
         })

@@ -1,4 +1,5 @@
-//! The Events a cron publishes: a firing, a skipped time, with times as people read them.
+//! The Events a cron publishes: a firing, a skipped time, with times as people read them; and the
+//! metrics counted with them.
 
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
@@ -105,6 +106,45 @@ pub(super) fn publish_skip(
     publish(cron, type_, reason, &format!("{times}: {why}"), ctx);
 }
 
+/// Counts a firing in `ax_cron_firings_total`, by the kind of child and whether it catches up.
+pub(super) fn count_fired(cron: &AxCron, firing: &core::Firing, ctx: &Ctx) {
+    let kind = if cron.spec.task.is_some() {
+        "AxTask"
+    } else {
+        "AxDag"
+    };
+    ctx.metrics.cron_fired(kind, firing.catch_up);
+}
+
+/// Counts skipped times: missed ones in `ax_cron_missed_times_total{reason}`, those the
+/// concurrencyPolicy skipped in `ax_cron_concurrency_skips_total{policy}`. The labels are the
+/// reason, never the cron, so the series stay few however many crons there are.
+pub(super) fn count_skip(skip: &Skip, ctx: &Ctx) {
+    match skip_metric(&skip.reason) {
+        SkipMetric::Missed(reason) => ctx.metrics.cron_missed(reason, skip.count),
+        SkipMetric::Concurrency(policy) => ctx.metrics.cron_concurrency_skipped(policy, skip.count),
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum SkipMetric {
+    /// A missed time, with the `reason` label.
+    Missed(&'static str),
+    /// A time the concurrencyPolicy skipped, with the `policy` label.
+    Concurrency(&'static str),
+}
+
+fn skip_metric(reason: &SkipReason) -> SkipMetric {
+    match reason {
+        SkipReason::Missed => SkipMetric::Missed("MisfireSkip"),
+        SkipReason::CoveredBy(_) => SkipMetric::Missed("CoveredByCatchUp"),
+        SkipReason::TooManyMissed => SkipMetric::Missed("TooManyMissed"),
+        SkipReason::DeadlineExceeded => SkipMetric::Missed("DeadlineExceeded"),
+        SkipReason::ConcurrentChild(_) => SkipMetric::Concurrency("Forbid"),
+        SkipReason::Superseded(_) => SkipMetric::Concurrency("Replace"),
+    }
+}
+
 pub(super) fn publish(cron: &AxCron, type_: EventType, reason: &str, note: &str, ctx: &Ctx) {
     ctx.events.publish(cron, type_, reason, note);
 }
@@ -112,6 +152,27 @@ pub(super) fn publish(cron: &AxCron, type_: EventType, reason: &str, note: &str,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrency_skips_are_not_counted_as_missed() {
+        let t: Timestamp = "2025-03-30T01:00:00Z".parse().unwrap();
+        assert_eq!(
+            skip_metric(&SkipReason::ConcurrentChild("c-1".into())),
+            SkipMetric::Concurrency("Forbid")
+        );
+        assert_eq!(
+            skip_metric(&SkipReason::Superseded(t)),
+            SkipMetric::Concurrency("Replace")
+        );
+        for (reason, label) in [
+            (SkipReason::Missed, "MisfireSkip"),
+            (SkipReason::CoveredBy(t), "CoveredByCatchUp"),
+            (SkipReason::TooManyMissed, "TooManyMissed"),
+            (SkipReason::DeadlineExceeded, "DeadlineExceeded"),
+        ] {
+            assert_eq!(skip_metric(&reason), SkipMetric::Missed(label));
+        }
+    }
 
     #[test]
     fn times_in_events_show_the_zone_wall_clock() {

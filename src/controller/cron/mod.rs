@@ -35,7 +35,7 @@ use crate::core::cron::{self as core, Child};
 
 use actions::{Created, cancel_replaced, create_child, delete_beyond_history};
 use children::{add_expected, owned_children};
-use events::{publish, publish_fired, publish_skip};
+use events::{count_fired, count_skip, publish, publish_fired, publish_skip};
 
 /// The `controller` label of the reconcile metrics.
 pub(super) const CONTROLLER: &str = "axcron";
@@ -189,6 +189,7 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: Ctx) -> Result<Requeue> {
                 ctx.cron_children
                     .created(&uid, &firing.name, firing.scheduled, now);
                 publish_fired(&cron, &schedule, firing, &ctx);
+                count_fired(&cron, firing, &ctx);
             }
             Created::Existed => {}
             Created::NameTaken(message) | Created::Rejected(message) => {
@@ -199,6 +200,7 @@ pub async fn reconcile(cron: Arc<AxCron>, ctx: Ctx) -> Result<Requeue> {
     }
     for skip in &decision.skipped {
         publish_skip(&cron, &schedule, &policy, skip, &ctx);
+        count_skip(skip, &ctx);
     }
     // Answered: off the pending list (the next write would drop them too, but it may conflict).
     confirm_pending(&cron, &status.pending_children, &answered, &ctx).await;
