@@ -238,10 +238,10 @@ fn every_dashboard_query_follows_the_chosen_cluster_and_namespace() {
 
 #[test]
 fn every_alert_links_its_section_of_the_runbooks() {
-    let rules: serde_yaml::Value = serde_yaml::from_str(&rule_file(&[])).expect("rule file");
+    let rules: serde_json::Value = ax::yaml::from_str(&rule_file(&[])).expect("rule file");
     let runbooks = std::fs::read_to_string(repo_root().join("docs/runbooks.md")).expect("runbooks");
     let base = "https://github.com/ax-dev/ax/blob/main/docs/runbooks.md";
-    for rule in rules["groups"][0]["rules"].as_sequence().unwrap() {
+    for rule in rules["groups"][0]["rules"].as_array().unwrap() {
         let Some(alert) = rule["alert"].as_str() else {
             continue;
         };

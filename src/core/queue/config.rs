@@ -506,7 +506,11 @@ mod tests {
                 continue;
             }
             let text = std::fs::read_to_string(&path).expect("readable");
-            let queue: crate::api::AxQueue = crate::yaml::from_str(&text).expect("an AxQueue");
+            // The queue comes first; a task that uses it may follow.
+            let documents: Vec<serde_json::Value> =
+                crate::yaml::documents(&text).expect("YAML documents");
+            let queue: crate::api::AxQueue =
+                serde_json::from_value(documents[0].clone()).expect("an AxQueue");
             let applied = queue_config(&queue.spec);
             assert_eq!(
                 applied.is_ok(),
