@@ -517,11 +517,12 @@ async fn an_invalid_queue_spec_is_reported_and_the_previous_one_stays() {
     })
     .await;
 
-    // Broken again ("25:00"): reported, and concurrency 1 stays in force for new tasks.
+    // Broken again (a time zone that does not exist; a time like "25:00" the API server refuses
+    // itself): reported, and concurrency 1 stays in force for new tasks.
     patch_queue(
         &client,
         &queue.name,
-        json!({"concurrency": 5, "weightSchedule": [{"from": "25:00", "to": "06:00", "timeZone": "UTC", "weights": {"low": 9}}]}),
+        json!({"concurrency": 5, "weightSchedule": [{"from": "22:00", "to": "06:00", "timeZone": "Atlantis/Nowhere", "weights": {"low": 9}}]}),
     )
     .await;
     wait_queue(&client, &queue.name, LONG, "InvalidSpec again", |q| {

@@ -657,6 +657,20 @@ async fn invalid_manifests_are_rejected_with_the_field_named() {
     ] {
         assert!(err.contains(field), "{field} not named in: {err}");
     }
+
+    // Values with a grammar: a DAG's task names, a queue window's times.
+    let bad_dag = r#"{"apiVersion":"ax.dev/v1alpha1","kind":"AxDag","metadata":{"name":"bad-names"},
+        "spec":{"tasks":[{"name":"Build_It","spec":{"type":"t",
+        "template":{"spec":{"containers":[{"name":"w","image":"x"}]}}}}]}}"#;
+    let (ok, _, err) = run_kubectl(&["apply", "-n", &ns, "-f", "-"], Some(bad_dag));
+    assert!(!ok && err.contains("spec.tasks[0].name"), "{err}");
+    let bad_window = r#"{"apiVersion":"ax.dev/v1alpha1","kind":"AxQueue","metadata":{"name":"e2e-bad-window"},
+        "spec":{"weightSchedule":[{"from":"25:00","to":"6:00","weights":{"low":9}}]}}"#;
+    let (ok, _, err) = run_kubectl(&["apply", "-f", "-"], Some(bad_window));
+    assert!(
+        !ok && err.contains("spec.weightSchedule[0].from") && err.contains("spec.weightSchedule[0].to"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -66,6 +66,10 @@ fn is_zero(n: &i64) -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct DagTask {
     /// A DNS-1123 label, unique in the DAG.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// Names of the tasks that must succeed before this one starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -294,10 +294,10 @@ fn breaker_open_seconds() -> i64 {
 #[serde(rename_all = "camelCase")]
 pub struct WeightScheduleEntry {
     /// Start of the window, `HH:MM` (24-hour), inclusive.
-    #[schemars(length(min = 1, max = 5))]
+    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
     pub from: String,
     /// End of the window, `HH:MM` (24-hour), exclusive.
-    #[schemars(length(min = 1, max = 5))]
+    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
     pub to: String,
     /// An IANA time zone such as `Europe/Berlin`.
     #[serde(default = "default_time_zone")]
