@@ -52,6 +52,10 @@ pub enum Command {
     Submit(SubmitArgs),
     /// Wait until tasks (or `dag/NAME`) finish; exit 0 only when the condition holds.
     Wait(WaitArgs),
+    /// Delete tasks (or DAGs: `dag/NAME`) by name, labels, or age of finished ones.
+    Delete(DeleteArgs),
+    /// Create a new task from another one's spec (a fresh run under a new name).
+    Resubmit(ResubmitArgs),
     /// The web console: tasks, the state machine of each, queues, DAGs, a dashboard, a submit
     /// form, served on 127.0.0.1 with your own credentials.
     Ui(UiArgs),
@@ -69,6 +73,31 @@ pub enum OutputFormat {
     Json,
     Yaml,
     Name,
+}
+
+/// `--dry-run` as kubectl has it: `client` decides and prints without calling the API server,
+/// `server` sends the request with `dryRun=All` (validated, not stored), `none` acts.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DryRun {
+    #[default]
+    None,
+    Client,
+    Server,
+}
+
+impl DryRun {
+    pub fn is_dry(self) -> bool {
+        self != DryRun::None
+    }
+
+    /// The note after each line of output, as kubectl writes it.
+    pub fn note(self) -> &'static str {
+        match self {
+            DryRun::None => "",
+            DryRun::Client => " (dry run)",
+            DryRun::Server => " (server dry run)",
+        }
+    }
 }
 
 #[derive(Args, Debug, Default, Clone)]
@@ -118,9 +147,11 @@ pub struct RetryArgs {
     /// Tasks in these phases (only finished ones are re-run), e.g. `--phase Dead`.
     #[arg(long, value_delimiter = ',')]
     pub phase: Vec<String>,
-    /// Show what would be re-run; the API server checks the request (server-side dry run).
-    #[arg(long)]
-    pub dry_run: bool,
+    /// `client`: show what would be done; `server` (also bare `--dry-run`): the API server
+    /// checks the request too; `none`: do it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "server")]
+    pub dry_run: DryRun,
 }
 
 #[derive(Args, Debug)]
@@ -136,9 +167,11 @@ pub struct CancelArgs {
     /// Do not ask for confirmation when more than one task matches.
     #[arg(short = 'y', long)]
     pub yes: bool,
-    /// Show what would be canceled; the API server checks the request (server-side dry run).
-    #[arg(long)]
-    pub dry_run: bool,
+    /// `client`: show what would be done; `server` (also bare `--dry-run`): the API server
+    /// checks the request too; `none`: do it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "server")]
+    pub dry_run: DryRun,
 }
 
 #[derive(Args, Debug)]
@@ -152,9 +185,11 @@ pub struct SuspendArgs {
     /// they wait in the queue again without using a retry.
     #[arg(long)]
     pub drain: bool,
-    /// Show what would change; the API server checks the request (server-side dry run).
-    #[arg(long)]
-    pub dry_run: bool,
+    /// `client`: show what would be done; `server` (also bare `--dry-run`): the API server
+    /// checks the request too; `none`: do it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "server")]
+    pub dry_run: DryRun,
 }
 
 #[derive(Args, Debug)]
@@ -230,9 +265,64 @@ pub struct SubmitArgs {
     pub file: Option<PathBuf>,
     #[command(flatten)]
     pub task: TaskFields,
-    /// Print the task that would be created (YAML) instead of creating it.
+    /// `client` (also bare `--dry-run`): print the task that would be created (YAML);
+    /// `server`: the API server validates it without storing it; `none`: create it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "client")]
+    pub dry_run: DryRun,
+    #[command(flatten)]
+    pub wait: SubmitWaitArgs,
+}
+
+/// `--wait` of `submit` and `resubmit`: after creating, wait as `wait NAME --for succeeded`.
+#[derive(Args, Debug, Default, Clone)]
+pub struct SubmitWaitArgs {
+    /// After creating, wait until the task Succeeded (exit codes as `kubectl ax wait`).
     #[arg(long)]
-    pub dry_run: bool,
+    pub wait: bool,
+    /// With `--wait`: give up after this long (seconds, or a duration like `10m`; default 10m).
+    #[arg(long, requires = "wait")]
+    pub timeout: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    /// Tasks by name, or `dag/NAME` for a DAG (its child tasks go with it).
+    pub targets: Vec<String>,
+    /// Tasks with these labels.
+    #[arg(short = 'l', long)]
+    pub selector: Option<String>,
+    /// Only finished tasks (Succeeded, Dead, Canceled).
+    #[arg(long)]
+    pub completed: bool,
+    /// Only tasks that finished more than this long ago (`24h`, `90m`, seconds); implies
+    /// finished ones.
+    #[arg(long)]
+    pub older_than: Option<String>,
+    /// Do not ask for confirmation when more than one object matches.
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+    /// `client` (also bare `--dry-run`): show what would be deleted; `server`: the API server
+    /// checks the deletes too; `none`: delete.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "client")]
+    pub dry_run: DryRun,
+}
+
+#[derive(Args, Debug)]
+pub struct ResubmitArgs {
+    /// The task whose spec the new one takes.
+    pub task: String,
+    /// Name of the new task (default: `<task>-` plus a random suffix chosen by the API server).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// `client` (also bare `--dry-run`): print the task that would be created (YAML);
+    /// `server`: the API server validates it without storing it; `none`: create it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "client")]
+    pub dry_run: DryRun,
+    #[command(flatten)]
+    pub wait: SubmitWaitArgs,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
