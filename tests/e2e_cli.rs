@@ -1467,3 +1467,92 @@ async fn client_dry_runs_of_suspend_cancel_and_retry_send_nothing() {
     assert_eq!(task_of(&client, &ns, "failed").await.spec.rerun, 0);
     ax_async(&ns, &["cancel", "held"]).await.ok();
 }
+
+/// The value after `Label:` on its line of a `describe`.
+fn described<'a>(text: &'a str, label: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{label}:")))
+        .unwrap_or_else(|| panic!("no {label}: in\n{text}"))
+        .trim()
+}
+
+/// `describe dag/NAME`, `queue/NAME`, `cron/NAME`: each from the real objects.
+#[tokio::test]
+async fn describe_a_dag_a_queue_and_a_cron() {
+    let (client, ns) = namespace_with_leader("cli-describe").await;
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    let dag = dag_manifest(
+        "chain",
+        json!([
+            {"name": "first", "spec": sim_step(100)},
+            {"name": "second", "dependsOn": ["first"], "spec": sim_step(100)},
+        ]),
+    );
+    dags.create(&PostParams::default(), &dag).await.unwrap();
+    wait_succeeded(&ns, "dag/chain").await;
+    let text = ax_async(&ns, &["describe", "dag/chain"]).await.ok().stdout;
+    assert_eq!(described(&text, "Phase"), "Succeeded", "{text}");
+    assert_eq!(described(&text, "Progress"), "2/2 finished", "{text}");
+    let nodes: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| *l != "Tasks:")
+        .skip(2)
+        .map(|l| l.split_whitespace().take(4).collect())
+        .collect();
+    assert_eq!(
+        nodes,
+        vec![
+            vec!["0", "first", "Succeeded", "chain-first"],
+            vec!["1", "second", "Succeeded", "chain-second"],
+        ],
+        "{text}"
+    );
+
+    let queue =
+        common::queue::create_queue(&client, "cli-describe", json!({"concurrency": 3})).await;
+    let target = format!("queue/{}", queue.name);
+    ax_async(&ns, &["suspend", &target]).await.ok();
+    let text = ax_async(&ns, &["describe", &target]).await.ok().stdout;
+    assert!(described(&text, "Concurrency").starts_with("3 ("), "{text}");
+    assert!(
+        described(&text, "Stop policy").starts_with("Hold:"),
+        "{text}"
+    );
+    assert!(described(&text, "Running").starts_with("0 of "), "{text}");
+    assert!(text.contains("Pending:\n"), "{text}");
+
+    let cron: AxCron = serde_json::from_value(json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxCron",
+        "metadata": {"name": "yearly"},
+        "spec": {"schedule": "0 0 1 1 *", "timeZone": "Europe/Berlin", "concurrencyPolicy": "Forbid",
+            "task": {"type": "cli-cron", "template": {"spec": sim_pod_spec(100, 0, false)}}},
+    }))
+    .unwrap();
+    Api::<AxCron>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &cron)
+        .await
+        .unwrap();
+    wait_for(&client, &ns, "yearly", LONG, |c: &AxCron| {
+        c.status
+            .as_ref()
+            .is_some_and(|s| s.next_schedule_time.is_some())
+    })
+    .await;
+    let text = ax_async(&ns, &["describe", "cron/yearly"])
+        .await
+        .ok()
+        .stdout;
+    assert_eq!(described(&text, "Schedule"), "0 0 1 1 *", "{text}");
+    assert_eq!(described(&text, "Time zone"), "Europe/Berlin", "{text}");
+    assert_eq!(described(&text, "Concurrency"), "Forbid", "{text}");
+    assert!(described(&text, "Next").contains("(in "), "{text}");
+    assert!(text.contains("Active (0):\n  (none)\n"), "{text}");
+
+    let missing = ax_async(&ns, &["describe", "cron/nope"]).await;
+    assert!(
+        missing
+            .one_line_error()
+            .contains("axcron \"nope\" not found"),
+        "{missing:#?}"
+    );
+}

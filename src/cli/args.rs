@@ -31,7 +31,9 @@ pub enum Command {
     /// List tasks, like `kubectl get axtasks` with filters, the last reason and its age.
     #[command(visible_alias = "ls")]
     List(ListArgs),
-    /// A task's history as a table, one row per attempt, and why it is waiting now.
+    /// A task's history as a table, one row per attempt, and why it is waiting now; or a DAG's
+    /// nodes, a queue's limits and counts, a cron's schedule (`dag/NAME`, `queue/NAME`,
+    /// `cron/NAME`).
     Describe(DescribeArgs),
     /// Re-run finished tasks (or DAGs: `dag/NAME`) through `spec.rerun`.
     Retry(RetryArgs),
@@ -133,8 +135,8 @@ pub struct ListArgs {
 
 #[derive(Args, Debug)]
 pub struct DescribeArgs {
-    /// The task.
-    pub task: String,
+    /// The task, or `dag/NAME`, `queue/NAME`, `cron/NAME`.
+    pub target: String,
 }
 
 #[derive(Args, Debug)]

@@ -45,7 +45,7 @@ fn crons(ctx: &Ctx, namespace: Option<&str>) -> Api<AxCron> {
     }
 }
 
-async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, ClientError> {
+pub async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, ClientError> {
     let op = Op::new("get", Resource::Cron)
         .namespace(Some(&ctx.namespace))
         .name(name);
