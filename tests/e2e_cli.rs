@@ -1556,3 +1556,68 @@ async fn describe_a_dag_a_queue_and_a_cron() {
         "{missing:#?}"
     );
 }
+
+/// `-o json|yaml|name|jsonpath=` on the read verbs, kubectl's template syntax included.
+#[tokio::test]
+async fn read_verbs_print_json_yaml_name_and_jsonpath() {
+    let (client, ns) = namespace_with_leader("cli-output").await;
+    for name in ["one", "two"] {
+        create(&client, &ns, &sim_task(name, 100, 0, json!({}))).await;
+    }
+    for name in ["one", "two"] {
+        wait_phase(&client, &ns, name, TaskPhase::Succeeded, LONG).await;
+    }
+    let names = ax_async(&ns, &["list", "-o", "jsonpath={.items[*].metadata.name}"])
+        .await
+        .ok();
+    assert_eq!(names.stdout, "one two");
+    let template = r#"jsonpath={range .items[*]}{.metadata.name}{"\t"}{.status.phase}{"\n"}{end}"#;
+    let rows = ax_async(&ns, &["list", "-o", template]).await.ok();
+    assert_eq!(rows.stdout, "one\tSucceeded\ntwo\tSucceeded\n");
+
+    let json = ax_async(&ns, &["describe", "one", "-o", "json"]).await.ok();
+    let doc: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(doc["metadata"]["name"], "one");
+    let yaml = ax_async(&ns, &["describe", "one", "-o", "yaml"]).await.ok();
+    let doc: serde_json::Value = ax::yaml::from_str(&yaml.stdout).expect("YAML");
+    assert_eq!(doc["status"]["phase"], "Succeeded");
+    let phase = ax_async(&ns, &["describe", "two", "-o", "jsonpath={.status.phase}"])
+        .await
+        .ok();
+    assert_eq!(phase.stdout, "Succeeded");
+
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    dags.create(
+        &PostParams::default(),
+        &dag_manifest("solo", json!([{"name": "a", "spec": sim_step(100)}])),
+    )
+    .await
+    .unwrap();
+    wait_succeeded(&ns, "dag/solo").await;
+    let dag = ax_async(&ns, &["dag", "solo", "-o", "jsonpath={.status.phase}"])
+        .await
+        .ok();
+    assert_eq!(dag.stdout, "Succeeded");
+    let listed = ax_async(&ns, &["dag", "-o", "name"]).await.ok();
+    assert_eq!(listed.stdout, "axdag.ax.dev/solo\n");
+
+    let queue = common::queue::create_queue(&client, "cli-output", json!({"concurrency": 4})).await;
+    let top = ax_async(
+        &ns,
+        &[
+            "top",
+            &queue.name,
+            "-o",
+            "jsonpath={.items[0].spec.concurrency}",
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(top.stdout, "4");
+    let crons = ax_async(&ns, &["cron", "list", "-o", "json"]).await.ok();
+    let doc: serde_json::Value = serde_json::from_str(&crons.stdout).expect("JSON");
+    assert_eq!(doc["items"].as_array().unwrap().len(), 0);
+
+    let bad = ax_async(&ns, &["list", "-o", "jsonpath={.items["]).await;
+    assert_eq!(bad.code, 2, "{bad:#?}");
+}

@@ -69,13 +69,7 @@ pub enum Command {
     Version(VersionArgs),
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutputFormat {
-    Wide,
-    Json,
-    Yaml,
-    Name,
-}
+pub use super::output::OutputFormat;
 
 /// `--dry-run` as kubectl has it: `client` decides and prints without calling the API server,
 /// `server` sends the request with `dryRun=All` (validated, not stored), `none` acts.
@@ -122,8 +116,8 @@ pub struct TaskFilterArgs {
 pub struct ListArgs {
     #[command(flatten)]
     pub filter: TaskFilterArgs,
-    /// Output format: wide (more columns), json, yaml or name.
-    #[arg(short = 'o', long, value_enum)]
+    /// Output format: wide (more columns), json, yaml, name or jsonpath=TEMPLATE (kubectl's).
+    #[arg(short = 'o', long)]
     pub output: Option<OutputFormat>,
     /// After the list, print each change as it happens (an API watch).
     #[arg(short = 'w', long)]
@@ -137,6 +131,10 @@ pub struct ListArgs {
 pub struct DescribeArgs {
     /// The task, or `dag/NAME`, `queue/NAME`, `cron/NAME`.
     pub target: String,
+    /// Instead of the description: json or yaml (the object as stored), name, or
+    /// jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Args, Debug)]
@@ -219,8 +217,8 @@ pub struct LogsArgs {
 pub struct DagArgs {
     /// The DAG; without it, every DAG of the namespace is listed.
     pub dag: Option<String>,
-    /// Output format: json or yaml (the AxDag as stored), or name.
-    #[arg(short = 'o', long, value_enum)]
+    /// Output format: json or yaml (the AxDag as stored), name, or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
     pub output: Option<OutputFormat>,
 }
 
@@ -249,6 +247,9 @@ pub struct CronListArgs {
     /// No header line.
     #[arg(long)]
     pub no_headers: bool,
+    /// Output format: wide (the table), json, yaml, name or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Args, Debug)]
@@ -256,8 +257,11 @@ pub struct TopArgs {
     /// Only these AxQueues.
     pub queues: Vec<String>,
     /// Print the table again whenever a queue's status changes (an API watch).
-    #[arg(short = 'w', long)]
+    #[arg(short = 'w', long, conflicts_with = "output")]
     pub watch: bool,
+    /// Output format: wide (the table), json, yaml (the AxQueues), name or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Args, Debug, Default)]

@@ -21,6 +21,7 @@ use crate::core::worker::{LABEL_TASK, label_value};
 
 use super::args::DescribeArgs;
 use super::format;
+use super::output::write_objects;
 
 fn or_none(value: Option<String>) -> String {
     value.unwrap_or_default()
@@ -643,13 +644,31 @@ fn attempt_cells(a: &AttemptRow, now: Timestamp) -> Vec<String> {
 
 pub async fn run(ctx: &Ctx, args: &DescribeArgs) -> Result<(), ClientError> {
     let now = Timestamp::now();
+    let mut out = std::io::stdout().lock();
+    // `-o`: the object as stored (or a path of it) instead of the description.
+    let format = args.output.as_ref();
     let text = match parse(&args.target)? {
         Describable::Task(name) => {
             let task = ctx.get_task(&name).await?;
+            if write_objects(
+                &mut out,
+                format,
+                "axtask",
+                std::slice::from_ref(&task),
+                true,
+            )? {
+                return Ok(());
+            }
             let pods = worker_pods(ctx, &task.name_any()).await?;
             render(&task, &pods, now)
         }
-        Describable::Dag(name) => render_dag(&ctx.get_dag(&name).await?, now),
+        Describable::Dag(name) => {
+            let dag = ctx.get_dag(&name).await?;
+            if write_objects(&mut out, format, "axdag", std::slice::from_ref(&dag), true)? {
+                return Ok(());
+            }
+            render_dag(&dag, now)
+        }
         Describable::Queue(name) => {
             let op = Op::new("get", Resource::Queue).name(&name);
             let queue = ctx
@@ -657,11 +676,32 @@ pub async fn run(ctx: &Ctx, args: &DescribeArgs) -> Result<(), ClientError> {
                 .get(&name)
                 .await
                 .map_err(|e| from_kube(&op, e))?;
+            if write_objects(
+                &mut out,
+                format,
+                "axqueue",
+                std::slice::from_ref(&queue),
+                true,
+            )? {
+                return Ok(());
+            }
             render_queue(&queue, now)
         }
-        Describable::Cron(name) => render_cron(&super::cron::get(ctx, &name).await?, now),
+        Describable::Cron(name) => {
+            let cron = super::cron::get(ctx, &name).await?;
+            if write_objects(
+                &mut out,
+                format,
+                "axcron",
+                std::slice::from_ref(&cron),
+                true,
+            )? {
+                return Ok(());
+            }
+            render_cron(&cron, now)
+        }
     };
-    std::io::stdout().lock().write_all(text.as_bytes())?;
+    out.write_all(text.as_bytes())?;
     Ok(())
 }
 

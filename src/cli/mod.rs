@@ -14,6 +14,7 @@ pub mod describe;
 pub mod format;
 pub mod list;
 pub mod logs;
+pub mod output;
 pub mod rerun;
 pub mod resubmit;
 pub mod submit;
