@@ -1621,3 +1621,45 @@ async fn read_verbs_print_json_yaml_name_and_jsonpath() {
     let bad = ax_async(&ns, &["list", "-o", "jsonpath={.items["]).await;
     assert_eq!(bad.code, 2, "{bad:#?}");
 }
+
+/// `kubectl ax <TAB>`: kubectl runs kubectl_complete-ax, which offers verbs, and the tasks of
+/// the namespace from the cluster; nothing (but the directive) when the cluster is unreachable.
+#[tokio::test]
+async fn completion_binary_offers_verbs_and_task_names_through_kubectl() {
+    let (client, ns) = namespace_with_leader("cli-complete").await;
+    for name in ["alpha", "alpine", "beta"] {
+        create(&client, &ns, &sim_task(name, 100, 0, json!({}))).await;
+    }
+    let complete = env!("CARGO_BIN_EXE_kubectl_complete-ax");
+    let direct = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(complete);
+        cmd.args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(direct(&["res"], &[]), "resume\nresubmit\n:4\n");
+    assert_eq!(
+        direct(&["describe", "-n", &ns, "alp"], &[]),
+        "alpha\nalpine\n:4\n"
+    );
+    assert_eq!(
+        direct(&["describe", "alp"], &[("KUBECONFIG", "/nonexistent")]),
+        ":4\n",
+        "no cluster: no names, silently"
+    );
+
+    // Through kubectl itself (1.26+), with both binaries on PATH as a user has them.
+    let dir = std::path::Path::new(complete).parent().unwrap();
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
+    let out = Command::new(kubectl())
+        .args(["__complete", "ax", "logs", "-n", &ns, "b"])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout, "beta\n:4\n", "{out:?}");
+}

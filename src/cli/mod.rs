@@ -7,6 +7,7 @@
 //! task ended otherwise, a request refused), 2 a usage error (clap's, or ours), 3 `wait` timed out.
 
 pub mod args;
+pub mod complete;
 pub mod cron;
 pub mod dag;
 pub mod delete;
