@@ -1663,3 +1663,58 @@ async fn completion_binary_offers_verbs_and_task_names_through_kubectl() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout, "beta\n:4\n", "{out:?}");
 }
+
+/// Without --operator-namespace or AX_OPERATOR_NAMESPACE, the operator's Lease is found where it
+/// is (a cluster-wide list by name), and looked for in ax-system when there is none.
+#[tokio::test]
+async fn the_operator_lease_is_found_in_the_namespace_of_the_install() {
+    let (client, ns) = namespace_with_leader("cli-lease-ns").await;
+    let lease_name = format!("ax-cli-detect-{:04x}", rand::random::<u16>());
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(lease_name.clone()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some("elsewhere-0".into()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                jiff::Timestamp::now(),
+            )),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let version = |lease: &str, extra: &[&str]| {
+        let out = Command::new(bin())
+            .args(["version", "-n", &ns])
+            .args(extra)
+            .env_remove("AX_OPERATOR_NAMESPACE")
+            .env("AX_OPERATOR_LEASE", lease)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let found = version(&lease_name, &[]);
+    assert!(
+        found.contains("operator   running (leader \"elsewhere-0\"")
+            && found.contains(&format!("[Lease {ns}/{lease_name}]")),
+        "{found}"
+    );
+    let given = version(&lease_name, &["--operator-namespace", "ax-system"]);
+    assert!(
+        given.contains(&format!("[Lease ax-system/{lease_name}]")),
+        "{given}"
+    );
+    let nowhere = format!("{lease_name}-none");
+    let default = version(&nowhere, &[]);
+    assert!(
+        default.contains(&format!("[Lease ax-system/{nowhere}]"))
+            && default.contains("does not exist"),
+        "{default}"
+    );
+}

@@ -116,7 +116,8 @@ async fn version(ctx: &Ctx) -> Result<(), ClientError> {
     writeln!(
         out,
         "operator   {operator} [Lease {}/{}]",
-        ctx.global.operator_namespace, ctx.global.operator_lease
+        operator::lease_namespace(ctx).await,
+        ctx.global.operator_lease
     )?;
     Ok(())
 }

@@ -113,11 +113,7 @@ pub async fn create(
     if !wait.wait {
         return Ok(());
     }
-    let in_namespace = Ctx {
-        client: ctx.client.clone(),
-        namespace,
-        global: ctx.global.clone(),
-    };
+    let in_namespace = ctx.in_namespace(&namespace);
     let args = WaitArgs {
         targets: vec![name],
         condition: WaitFor::Succeeded,
