@@ -66,7 +66,6 @@ const VALUE_FLAGS: &[&str] = &[
     "--start-after",
     "--ttl",
     "--label",
-    "-f",
     "--file",
 ];
 
@@ -104,6 +103,22 @@ fn kinds_of(verb: &str) -> (&'static [(&'static str, Names)], Option<Names>) {
     }
 }
 
+/// cobra's `ShellCompDirectiveDefault`: the shell may offer file names (for `submit -f`).
+pub const FILE_COMPLETION: &str = ":0";
+
+/// Whether the word being completed is a file name: the value of `submit -f`/`--file` or of
+/// `--kubeconfig` (`-f` is `--follow` of `logs`, so it counts for `submit` only).
+pub fn wants_files(words: &[String]) -> bool {
+    let Some((_, before)) = words.split_last() else {
+        return false;
+    };
+    match before.last().map(String::as_str) {
+        Some("--file" | "--kubeconfig") => true,
+        Some("-f") => before.iter().any(|w| w == "submit"),
+        _ => false,
+    }
+}
+
 /// The words after `ax` split into positional words and the word being completed; None when
 /// that word is a flag or a flag's value (nothing to offer).
 fn positionals(words: &[String]) -> Option<(Vec<&str>, &str)> {
@@ -123,7 +138,9 @@ fn positionals(words: &[String]) -> Option<(Vec<&str>, &str)> {
             // Everything after is the worker's command (`submit ... -- CMD`).
             return None;
         } else if word.starts_with('-') {
-            takes_value = !word.contains('=') && VALUE_FLAGS.contains(&word.as_str());
+            let submit_file = word == "-f" && positional.first() == Some(&"submit");
+            takes_value =
+                !word.contains('=') && (submit_file || VALUE_FLAGS.contains(&word.as_str()));
         } else {
             positional.push(word.as_str());
         }
@@ -274,7 +291,11 @@ pub async fn run(words: &[String]) -> String {
         out.push_str(&candidate);
         out.push('\n');
     }
-    out.push_str(NO_FILE_COMPLETION);
+    out.push_str(if wants_files(words) {
+        FILE_COMPLETION
+    } else {
+        NO_FILE_COMPLETION
+    });
     out.push('\n');
     out
 }
@@ -347,6 +368,16 @@ mod tests {
         // A flag's value is not the verb: the verb is still completed after it.
         assert_eq!(candidates("-n team-a describe r"), ["report"]);
         assert_eq!(candidates("describe --namespace=x r"), ["report"]);
+    }
+
+    #[test]
+    fn file_values_let_the_shell_offer_files_and_logs_follow_is_no_value() {
+        assert!(wants_files(&words("submit -f ")));
+        assert!(wants_files(&words("list --kubeconfig ")));
+        assert!(!wants_files(&words("logs -f ")));
+        assert!(!wants_files(&words("describe ")));
+        assert_eq!(candidates("logs -f n"), ["nightly", "nightly-2"]);
+        assert!(candidates("submit -f ").is_empty());
     }
 
     #[test]
