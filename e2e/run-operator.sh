@@ -4,8 +4,9 @@
 #
 #   e2e/run-operator.sh          start (or restart) the operator; the cluster is reused if up
 #   e2e/run-operator.sh stop     stop the operator started here
-#   e2e/run-operator.sh plugin [BINARY]   link kubectl-ax (default: the debug build) into the
-#                                tools dir that `e2e/cluster.sh env` puts on PATH: `kubectl ax` works
+#   e2e/run-operator.sh plugin [BINARY]   link kubectl-ax (default: the debug build), and
+#                                kubectl_complete-ax beside it, into the tools dir that
+#                                `e2e/cluster.sh env` puts on PATH: `kubectl ax` works
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${AX_E2E_DIR:-/var/lib/ax-e2e}
@@ -25,13 +26,17 @@ link_plugin() {
   [ -x "$binary" ] || { echo "no kubectl-ax at $binary (cargo build --bin kubectl-ax)" >&2; return 1; }
   mkdir -p "$tools"
   ln -sfn "$(realpath "$binary")" "$tools/kubectl-ax"
+  # kubectl (1.26+) runs it for `kubectl ax <TAB>`; linked when built beside kubectl-ax.
+  local complete
+  complete=$(dirname "$binary")/kubectl_complete-ax
+  if [ -x "$complete" ]; then ln -sfn "$(realpath "$complete")" "$tools/kubectl_complete-ax"; fi
 }
 if [ "${1:-}" = stop ]; then stop; exit 0; fi
 if [ "${1:-}" = plugin ]; then link_plugin "${2:-}"; exit 0; fi
 
 e2e/cluster.sh up --sim-nodes 3
 eval "$(e2e/cluster.sh env)"
-cargo build -q --bin ax-operator --bin kubectl-ax
+cargo build -q --bin ax-operator --bin kubectl-ax --bin kubectl_complete-ax
 link_plugin
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
 kubectl apply -f config/rbac.yaml >/dev/null

@@ -1168,3 +1168,553 @@ async fn suspend_and_resume_tasks_and_a_queue() {
     assert_eq!(usage.code, 2, "{usage:#?}");
     assert!(usage.one_line_error().contains("--drain"));
 }
+
+/// Names of the tasks in the namespace, sorted.
+async fn task_names(client: &Client, ns: &str) -> Vec<String> {
+    let mut names: Vec<String> = Api::<AxTask>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|t| t.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `delete` by selector with `--completed`, `--older-than`, both dry runs and the question; by
+/// name; a DAG with its children.
+#[tokio::test]
+async fn delete_finished_tasks_by_selector_name_and_dag() {
+    let (client, ns) = namespace_with_leader("cli-delete").await;
+    for name in ["done-a", "done-b", "done-c"] {
+        create(
+            &client,
+            &ns,
+            &sim_task(name, 100, 0, json!({"batch": "d1"})),
+        )
+        .await;
+    }
+    let mut hanging = sim_task("hangs", 0, 0, json!({"batch": "d1"}));
+    hanging.spec.template.spec = Some(serde_json::from_value(sim_pod_spec(0, 0, true)).unwrap());
+    create(&client, &ns, &hanging).await;
+    for name in ["done-a", "done-b", "done-c"] {
+        wait_phase(&client, &ns, name, TaskPhase::Succeeded, LONG).await;
+    }
+    wait_phase(&client, &ns, "hangs", TaskPhase::Running, LONG).await;
+    let all_four = vec!["done-a", "done-b", "done-c", "hangs"];
+
+    // Dry runs, client and server: what would go, and nothing goes.
+    let dry = ax_async(
+        &ns,
+        &["delete", "-l", "batch=d1", "--completed", "--dry-run"],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        dry.stdout,
+        "axtask/done-a deleted (dry run)\naxtask/done-b deleted (dry run)\naxtask/done-c deleted (dry run)\n"
+    );
+    let server = ax_async(
+        &ns,
+        &[
+            "delete",
+            "-l",
+            "batch=d1",
+            "--completed",
+            "--dry-run=server",
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(server.stdout.lines().count(), 3, "{server:#?}");
+    assert!(
+        server
+            .stdout
+            .lines()
+            .all(|l| l.ends_with("deleted (server dry run)"))
+    );
+    assert_eq!(task_names(&client, &ns).await, all_four);
+
+    // Finished just now: not older than an hour.
+    let young = ax_async(&ns, &["delete", "--older-than", "1h"]).await.ok();
+    assert_eq!(young.stdout.trim(), "nothing to delete: no task matches");
+
+    // Three match: it asks, and anything but yes deletes nothing (exit 2).
+    let args = ["delete", "-l", "batch=d1", "--completed", "-n", &ns];
+    let refused = ax_with(&args, Some("n\n"), &[]);
+    assert!(
+        refused.stderr.contains("Delete 3 objects in namespace"),
+        "{refused:#?}"
+    );
+    assert_eq!(refused.code, 2, "{refused:#?}");
+    assert_eq!(task_names(&client, &ns).await, all_four);
+    let done = ax_with(&args, Some("y\n"), &[]).ok();
+    assert_eq!(
+        done.stdout,
+        "axtask/done-a deleted\naxtask/done-b deleted\naxtask/done-c deleted\n"
+    );
+    assert_eq!(task_names(&client, &ns).await, vec!["hangs"]);
+
+    // By name, finished or not; a name that is not there is a one-line error, exit 1.
+    let skipped = ax_async(&ns, &["delete", "hangs", "--completed"])
+        .await
+        .ok();
+    assert_eq!(
+        skipped.stdout.trim(),
+        "axtask/hangs: not finished (Running), skipped"
+    );
+    let by_name = ax_async(&ns, &["delete", "hangs"]).await.ok();
+    assert_eq!(by_name.stdout.trim(), "axtask/hangs deleted");
+    assert!(task_names(&client, &ns).await.is_empty());
+    let missing = ax_async(&ns, &["delete", "nope"]).await;
+    assert!(
+        missing
+            .one_line_error()
+            .contains("axtask \"nope\" not found"),
+        "{missing:#?}"
+    );
+    assert_eq!(missing.code, 1);
+
+    // A DAG: its children go with it (garbage collection of owned objects).
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    let dag = dag_manifest(
+        "pair",
+        json!([
+            {"name": "a", "spec": sim_step(100)},
+            {"name": "b", "dependsOn": ["a"], "spec": sim_step(100)},
+        ]),
+    );
+    dags.create(&PostParams::default(), &dag).await.unwrap();
+    wait_succeeded(&ns, "dag/pair").await;
+    let gone = ax_async(&ns, &["delete", "dag/pair"]).await.ok();
+    assert_eq!(gone.stdout.trim(), "axdag/pair deleted");
+    let deadline = Instant::now() + LONG;
+    while !task_names(&client, &ns).await.is_empty()
+        || dags.get_opt("pair").await.unwrap().is_some()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the DAG's children were not collected"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// `resubmit`: a new task from an old one's spec, the operator's labels left behind; `--wait`
+/// and `--dry-run`.
+#[tokio::test]
+async fn resubmit_creates_a_fresh_task_from_a_finished_one() {
+    let (client, ns) = namespace_with_leader("cli-resubmit").await;
+    let mut source = sim_task(
+        "origin",
+        100,
+        0,
+        json!({"team": "a", "ax.dev/cron": "gone"}),
+    );
+    source.metadata.annotations = Some(
+        [
+            ("note".to_string(), "kept".to_string()),
+            ("ax.dev/manual-trigger".to_string(), "true".to_string()),
+        ]
+        .into(),
+    );
+    source.spec.priority = ax::api::Priority::High;
+    create(&client, &ns, &source).await;
+    wait_succeeded(&ns, "origin").await;
+
+    let run = ax_async(&ns, &["resubmit", "origin", "--wait", "--timeout", "2m"])
+        .await
+        .ok();
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{run:#?}");
+    let name = lines[0].to_string();
+    assert!(name.starts_with("origin-"), "{run:#?}");
+    assert_eq!(lines[1], format!("axtask/{name} Succeeded"));
+    let copy = task_of(&client, &ns, &name).await;
+    assert_eq!(copy.labels().get("team").map(String::as_str), Some("a"));
+    assert!(
+        !copy.labels().contains_key("ax.dev/cron"),
+        "{:?}",
+        copy.labels()
+    );
+    assert_eq!(
+        copy.annotations().get("note").map(String::as_str),
+        Some("kept")
+    );
+    assert!(!copy.annotations().contains_key("ax.dev/manual-trigger"));
+    assert_eq!(copy.spec.priority, ax::api::Priority::High);
+    assert_eq!(copy.spec.task_type, "cli-sim");
+    assert_eq!(copy.status.unwrap().attempt, 1, "a run of its own");
+
+    // Dry runs create nothing: client prints the task, server names what it would create.
+    let yaml = ax_async(&ns, &["resubmit", "origin", "--name", "again", "--dry-run"])
+        .await
+        .ok();
+    let doc: serde_json::Value = ax::yaml::from_str(&yaml.stdout).expect("YAML");
+    assert_eq!(doc["metadata"]["name"], "again");
+    assert_eq!(doc["spec"]["type"], "cli-sim");
+    let server = ax_async(
+        &ns,
+        &["resubmit", "origin", "--name", "again", "--dry-run=server"],
+    )
+    .await
+    .ok();
+    assert_eq!(
+        server.stdout.trim(),
+        "axtask/again created (server dry run)"
+    );
+    assert_eq!(task_names(&client, &ns).await, {
+        let mut want = vec!["origin".to_string(), name.clone()];
+        want.sort();
+        want
+    });
+    let missing = ax_async(&ns, &["resubmit", "nope"]).await;
+    assert!(
+        missing
+            .one_line_error()
+            .contains("axtask \"nope\" not found")
+    );
+}
+
+/// `submit --wait`: the name, then the wait's line; exit codes as `wait` (1 when the task ends
+/// otherwise, 3 on timeout).
+#[tokio::test]
+async fn submit_wait_waits_for_success_with_the_exit_codes_of_wait() {
+    let (client, ns) = namespace_with_leader("cli-submit-wait").await;
+    let manifest = |name: &str, exit_code: i32, hang: bool| {
+        let mut t = sim_task(name, 100, exit_code, json!({}));
+        t.spec.template.spec =
+            Some(serde_json::from_value(sim_pod_spec(100, exit_code, hang)).unwrap());
+        serde_json::to_string(&t).unwrap()
+    };
+    let submit = |name: &str, exit_code: i32, hang: bool, timeout: &str| {
+        let text = manifest(name, exit_code, hang);
+        let args = [
+            "submit".to_string(),
+            "-f".into(),
+            "-".into(),
+            "--wait".into(),
+            "--timeout".into(),
+            timeout.to_string(),
+            "-n".into(),
+            ns.clone(),
+        ];
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            ax_with(&args, Some(&text), &[])
+        })
+    };
+    let ok = submit("fine", 0, false, "2m").await.unwrap().ok();
+    assert_eq!(ok.stdout, "fine\naxtask/fine Succeeded\n");
+
+    let dead = submit("broken", 1, false, "2m").await.unwrap();
+    assert_eq!(dead.stdout, "broken\n", "{dead:#?}");
+    assert!(
+        dead.one_line_error().contains("axtask/broken ended Dead"),
+        "{dead:#?}"
+    );
+    assert_eq!(dead.code, 1);
+
+    let slow = submit("slow", 0, true, "3s").await.unwrap();
+    assert!(
+        slow.one_line_error().contains("timed out after 3s"),
+        "{slow:#?}"
+    );
+    assert_eq!(slow.code, 3);
+    ax_async(&ns, &["cancel", "slow"]).await.ok();
+    assert_eq!(
+        phase(&task_of(&client, &ns, "fine").await),
+        Some(TaskPhase::Succeeded)
+    );
+}
+
+/// `--dry-run=client` decides without sending: nothing changes, and the lines say so.
+#[tokio::test]
+async fn client_dry_runs_of_suspend_cancel_and_retry_send_nothing() {
+    let (client, ns) = namespace_with_leader("cli-dry-client").await;
+    let mut hanging = sim_task("held", 0, 0, json!({}));
+    hanging.spec.template.spec = Some(serde_json::from_value(sim_pod_spec(0, 0, true)).unwrap());
+    create(&client, &ns, &hanging).await;
+    create(&client, &ns, &sim_task("failed", 100, 1, json!({}))).await;
+    wait_phase(&client, &ns, "failed", TaskPhase::Dead, LONG).await;
+
+    let suspend = ax_async(&ns, &["suspend", "held", "--dry-run=client"])
+        .await
+        .ok();
+    assert_eq!(suspend.stdout.trim(), "axtask/held suspended (dry run)");
+    let cancel = ax_async(&ns, &["cancel", "held", "--dry-run=client"])
+        .await
+        .ok();
+    assert!(
+        cancel
+            .stdout
+            .starts_with("axtask/held: cancel requested (was ")
+            && cancel.stdout.trim_end().ends_with("[dry run]"),
+        "{cancel:#?}"
+    );
+    let retry = ax_async(&ns, &["retry", "failed", "--dry-run=client"])
+        .await
+        .ok();
+    assert!(
+        retry.stdout.contains("would be re-run (spec.rerun 0 -> 1")
+            && retry.stdout.contains("[dry run]"),
+        "{retry:#?}"
+    );
+    let held = task_of(&client, &ns, "held").await;
+    assert!(!held.spec.suspend && !held.spec.cancel);
+    assert_eq!(task_of(&client, &ns, "failed").await.spec.rerun, 0);
+    ax_async(&ns, &["cancel", "held"]).await.ok();
+}
+
+/// The value after `Label:` on its line of a `describe`.
+fn described<'a>(text: &'a str, label: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{label}:")))
+        .unwrap_or_else(|| panic!("no {label}: in\n{text}"))
+        .trim()
+}
+
+/// `describe dag/NAME`, `queue/NAME`, `cron/NAME`: each from the real objects.
+#[tokio::test]
+async fn describe_a_dag_a_queue_and_a_cron() {
+    let (client, ns) = namespace_with_leader("cli-describe").await;
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    let dag = dag_manifest(
+        "chain",
+        json!([
+            {"name": "first", "spec": sim_step(100)},
+            {"name": "second", "dependsOn": ["first"], "spec": sim_step(100)},
+        ]),
+    );
+    dags.create(&PostParams::default(), &dag).await.unwrap();
+    wait_succeeded(&ns, "dag/chain").await;
+    let text = ax_async(&ns, &["describe", "dag/chain"]).await.ok().stdout;
+    assert_eq!(described(&text, "Phase"), "Succeeded", "{text}");
+    assert_eq!(described(&text, "Progress"), "2/2 finished", "{text}");
+    let nodes: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| *l != "Tasks:")
+        .skip(2)
+        .map(|l| l.split_whitespace().take(4).collect())
+        .collect();
+    assert_eq!(
+        nodes,
+        vec![
+            vec!["0", "first", "Succeeded", "chain-first"],
+            vec!["1", "second", "Succeeded", "chain-second"],
+        ],
+        "{text}"
+    );
+
+    let queue =
+        common::queue::create_queue(&client, "cli-describe", json!({"concurrency": 3})).await;
+    let target = format!("queue/{}", queue.name);
+    ax_async(&ns, &["suspend", &target]).await.ok();
+    let text = ax_async(&ns, &["describe", &target]).await.ok().stdout;
+    assert!(described(&text, "Concurrency").starts_with("3 ("), "{text}");
+    assert!(
+        described(&text, "Stop policy").starts_with("Hold:"),
+        "{text}"
+    );
+    assert!(described(&text, "Running").starts_with("0 of "), "{text}");
+    assert!(text.contains("Pending:\n"), "{text}");
+
+    let cron: AxCron = serde_json::from_value(json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxCron",
+        "metadata": {"name": "yearly"},
+        "spec": {"schedule": "0 0 1 1 *", "timeZone": "Europe/Berlin", "concurrencyPolicy": "Forbid",
+            "task": {"type": "cli-cron", "template": {"spec": sim_pod_spec(100, 0, false)}}},
+    }))
+    .unwrap();
+    Api::<AxCron>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &cron)
+        .await
+        .unwrap();
+    wait_for(&client, &ns, "yearly", LONG, |c: &AxCron| {
+        c.status
+            .as_ref()
+            .is_some_and(|s| s.next_schedule_time.is_some())
+    })
+    .await;
+    let text = ax_async(&ns, &["describe", "cron/yearly"])
+        .await
+        .ok()
+        .stdout;
+    assert_eq!(described(&text, "Schedule"), "0 0 1 1 *", "{text}");
+    assert_eq!(described(&text, "Time zone"), "Europe/Berlin", "{text}");
+    assert_eq!(described(&text, "Concurrency"), "Forbid", "{text}");
+    assert!(described(&text, "Next").contains("(in "), "{text}");
+    assert!(text.contains("Active (0):\n  (none)\n"), "{text}");
+
+    let missing = ax_async(&ns, &["describe", "cron/nope"]).await;
+    assert!(
+        missing
+            .one_line_error()
+            .contains("axcron \"nope\" not found"),
+        "{missing:#?}"
+    );
+}
+
+/// `-o json|yaml|name|jsonpath=` on the read verbs, kubectl's template syntax included.
+#[tokio::test]
+async fn read_verbs_print_json_yaml_name_and_jsonpath() {
+    let (client, ns) = namespace_with_leader("cli-output").await;
+    for name in ["one", "two"] {
+        create(&client, &ns, &sim_task(name, 100, 0, json!({}))).await;
+    }
+    for name in ["one", "two"] {
+        wait_phase(&client, &ns, name, TaskPhase::Succeeded, LONG).await;
+    }
+    let names = ax_async(&ns, &["list", "-o", "jsonpath={.items[*].metadata.name}"])
+        .await
+        .ok();
+    assert_eq!(names.stdout, "one two");
+    let template = r#"jsonpath={range .items[*]}{.metadata.name}{"\t"}{.status.phase}{"\n"}{end}"#;
+    let rows = ax_async(&ns, &["list", "-o", template]).await.ok();
+    assert_eq!(rows.stdout, "one\tSucceeded\ntwo\tSucceeded\n");
+
+    let json = ax_async(&ns, &["describe", "one", "-o", "json"]).await.ok();
+    let doc: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(doc["metadata"]["name"], "one");
+    let yaml = ax_async(&ns, &["describe", "one", "-o", "yaml"]).await.ok();
+    let doc: serde_json::Value = ax::yaml::from_str(&yaml.stdout).expect("YAML");
+    assert_eq!(doc["status"]["phase"], "Succeeded");
+    let phase = ax_async(&ns, &["describe", "two", "-o", "jsonpath={.status.phase}"])
+        .await
+        .ok();
+    assert_eq!(phase.stdout, "Succeeded");
+
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    dags.create(
+        &PostParams::default(),
+        &dag_manifest("solo", json!([{"name": "a", "spec": sim_step(100)}])),
+    )
+    .await
+    .unwrap();
+    wait_succeeded(&ns, "dag/solo").await;
+    let dag = ax_async(&ns, &["dag", "solo", "-o", "jsonpath={.status.phase}"])
+        .await
+        .ok();
+    assert_eq!(dag.stdout, "Succeeded");
+    let listed = ax_async(&ns, &["dag", "-o", "name"]).await.ok();
+    assert_eq!(listed.stdout, "axdag.ax.dev/solo\n");
+
+    let queue = common::queue::create_queue(&client, "cli-output", json!({"concurrency": 4})).await;
+    let top = ax_async(
+        &ns,
+        &[
+            "top",
+            &queue.name,
+            "-o",
+            "jsonpath={.items[0].spec.concurrency}",
+        ],
+    )
+    .await
+    .ok();
+    assert_eq!(top.stdout, "4");
+    let crons = ax_async(&ns, &["cron", "list", "-o", "json"]).await.ok();
+    let doc: serde_json::Value = serde_json::from_str(&crons.stdout).expect("JSON");
+    assert_eq!(doc["items"].as_array().unwrap().len(), 0);
+
+    let bad = ax_async(&ns, &["list", "-o", "jsonpath={.items["]).await;
+    assert_eq!(bad.code, 2, "{bad:#?}");
+}
+
+/// `kubectl ax <TAB>`: kubectl runs kubectl_complete-ax, which offers verbs, and the tasks of
+/// the namespace from the cluster; nothing (but the directive) when the cluster is unreachable.
+#[tokio::test]
+async fn completion_binary_offers_verbs_and_task_names_through_kubectl() {
+    let (client, ns) = namespace_with_leader("cli-complete").await;
+    for name in ["alpha", "alpine", "beta"] {
+        create(&client, &ns, &sim_task(name, 100, 0, json!({}))).await;
+    }
+    let complete = env!("CARGO_BIN_EXE_kubectl_complete-ax");
+    let direct = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(complete);
+        cmd.args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(direct(&["res"], &[]), "resume\nresubmit\n:4\n");
+    assert_eq!(
+        direct(&["describe", "-n", &ns, "alp"], &[]),
+        "alpha\nalpine\n:4\n"
+    );
+    assert_eq!(
+        direct(&["describe", "alp"], &[("KUBECONFIG", "/nonexistent")]),
+        ":4\n",
+        "no cluster: no names, silently"
+    );
+
+    // Through kubectl itself (1.26+), with both binaries on PATH as a user has them.
+    let dir = std::path::Path::new(complete).parent().unwrap();
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
+    let out = Command::new(kubectl())
+        .args(["__complete", "ax", "logs", "-n", &ns, "b"])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout, "beta\n:4\n", "{out:?}");
+}
+
+/// Without --operator-namespace or AX_OPERATOR_NAMESPACE, the operator's Lease is found where it
+/// is (a cluster-wide list by name), and looked for in ax-system when there is none.
+#[tokio::test]
+async fn the_operator_lease_is_found_in_the_namespace_of_the_install() {
+    let (client, ns) = namespace_with_leader("cli-lease-ns").await;
+    let lease_name = format!("ax-cli-detect-{:04x}", rand::random::<u16>());
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(lease_name.clone()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some("elsewhere-0".into()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                jiff::Timestamp::now(),
+            )),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let version = |lease: &str, extra: &[&str]| {
+        let out = Command::new(bin())
+            .args(["version", "-n", &ns])
+            .args(extra)
+            .env_remove("AX_OPERATOR_NAMESPACE")
+            .env("AX_OPERATOR_LEASE", lease)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let found = version(&lease_name, &[]);
+    assert!(
+        found.contains("operator   running (leader \"elsewhere-0\"")
+            && found.contains(&format!("[Lease {ns}/{lease_name}]")),
+        "{found}"
+    );
+    let given = version(&lease_name, &["--operator-namespace", "ax-system"]);
+    assert!(
+        given.contains(&format!("[Lease ax-system/{lease_name}]")),
+        "{given}"
+    );
+    let nowhere = format!("{lease_name}-none");
+    let default = version(&nowhere, &[]);
+    assert!(
+        default.contains(&format!("[Lease ax-system/{nowhere}]"))
+            && default.contains("does not exist"),
+        "{default}"
+    );
+}

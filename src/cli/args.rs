@@ -31,7 +31,9 @@ pub enum Command {
     /// List tasks, like `kubectl get axtasks` with filters, the last reason and its age.
     #[command(visible_alias = "ls")]
     List(ListArgs),
-    /// A task's history as a table, one row per attempt, and why it is waiting now.
+    /// A task's history as a table, one row per attempt, and why it is waiting now; or a DAG's
+    /// nodes, a queue's limits and counts, a cron's schedule (`dag/NAME`, `queue/NAME`,
+    /// `cron/NAME`).
     Describe(DescribeArgs),
     /// Re-run finished tasks (or DAGs: `dag/NAME`) through `spec.rerun`.
     Retry(RetryArgs),
@@ -52,6 +54,10 @@ pub enum Command {
     Submit(SubmitArgs),
     /// Wait until tasks (or `dag/NAME`) finish; exit 0 only when the condition holds.
     Wait(WaitArgs),
+    /// Delete tasks (or DAGs: `dag/NAME`) by name, labels, or age of finished ones.
+    Delete(DeleteArgs),
+    /// Create a new task from another one's spec (a fresh run under a new name).
+    Resubmit(ResubmitArgs),
     /// The web console: tasks, the state machine of each, queues, DAGs, a dashboard, a submit
     /// form, served on 127.0.0.1 with your own credentials.
     Ui(UiArgs),
@@ -63,12 +69,31 @@ pub enum Command {
     Version(VersionArgs),
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutputFormat {
-    Wide,
-    Json,
-    Yaml,
-    Name,
+pub use super::output::OutputFormat;
+
+/// `--dry-run` as kubectl has it: `client` decides and prints without calling the API server,
+/// `server` sends the request with `dryRun=All` (validated, not stored), `none` acts.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DryRun {
+    #[default]
+    None,
+    Client,
+    Server,
+}
+
+impl DryRun {
+    pub fn is_dry(self) -> bool {
+        self != DryRun::None
+    }
+
+    /// The note after each line of output, as kubectl writes it.
+    pub fn note(self) -> &'static str {
+        match self {
+            DryRun::None => "",
+            DryRun::Client => " (dry run)",
+            DryRun::Server => " (server dry run)",
+        }
+    }
 }
 
 #[derive(Args, Debug, Default, Clone)]
@@ -91,8 +116,8 @@ pub struct TaskFilterArgs {
 pub struct ListArgs {
     #[command(flatten)]
     pub filter: TaskFilterArgs,
-    /// Output format: wide (more columns), json, yaml or name.
-    #[arg(short = 'o', long, value_enum)]
+    /// Output format: wide (more columns), json, yaml, name or jsonpath=TEMPLATE (kubectl's).
+    #[arg(short = 'o', long)]
     pub output: Option<OutputFormat>,
     /// After the list, print each change as it happens (an API watch).
     #[arg(short = 'w', long)]
@@ -104,8 +129,12 @@ pub struct ListArgs {
 
 #[derive(Args, Debug)]
 pub struct DescribeArgs {
-    /// The task.
-    pub task: String,
+    /// The task, or `dag/NAME`, `queue/NAME`, `cron/NAME`.
+    pub target: String,
+    /// Instead of the description: json or yaml (the object as stored), name, or
+    /// jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Args, Debug)]
@@ -118,9 +147,11 @@ pub struct RetryArgs {
     /// Tasks in these phases (only finished ones are re-run), e.g. `--phase Dead`.
     #[arg(long, value_delimiter = ',')]
     pub phase: Vec<String>,
-    /// Show what would be re-run; the API server checks the request (server-side dry run).
-    #[arg(long)]
-    pub dry_run: bool,
+    /// `client`: show what would be done; `server` (also bare `--dry-run`): the API server
+    /// checks the request too; `none`: do it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "server")]
+    pub dry_run: DryRun,
 }
 
 #[derive(Args, Debug)]
@@ -136,9 +167,11 @@ pub struct CancelArgs {
     /// Do not ask for confirmation when more than one task matches.
     #[arg(short = 'y', long)]
     pub yes: bool,
-    /// Show what would be canceled; the API server checks the request (server-side dry run).
-    #[arg(long)]
-    pub dry_run: bool,
+    /// `client`: show what would be done; `server` (also bare `--dry-run`): the API server
+    /// checks the request too; `none`: do it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "server")]
+    pub dry_run: DryRun,
 }
 
 #[derive(Args, Debug)]
@@ -152,9 +185,11 @@ pub struct SuspendArgs {
     /// they wait in the queue again without using a retry.
     #[arg(long)]
     pub drain: bool,
-    /// Show what would change; the API server checks the request (server-side dry run).
-    #[arg(long)]
-    pub dry_run: bool,
+    /// `client`: show what would be done; `server` (also bare `--dry-run`): the API server
+    /// checks the request too; `none`: do it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "server")]
+    pub dry_run: DryRun,
 }
 
 #[derive(Args, Debug)]
@@ -182,8 +217,8 @@ pub struct LogsArgs {
 pub struct DagArgs {
     /// The DAG; without it, every DAG of the namespace is listed.
     pub dag: Option<String>,
-    /// Output format: json or yaml (the AxDag as stored), or name.
-    #[arg(short = 'o', long, value_enum)]
+    /// Output format: json or yaml (the AxDag as stored), name, or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
     pub output: Option<OutputFormat>,
 }
 
@@ -212,6 +247,9 @@ pub struct CronListArgs {
     /// No header line.
     #[arg(long)]
     pub no_headers: bool,
+    /// Output format: wide (the table), json, yaml, name or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Args, Debug)]
@@ -219,8 +257,11 @@ pub struct TopArgs {
     /// Only these AxQueues.
     pub queues: Vec<String>,
     /// Print the table again whenever a queue's status changes (an API watch).
-    #[arg(short = 'w', long)]
+    #[arg(short = 'w', long, conflicts_with = "output")]
     pub watch: bool,
+    /// Output format: wide (the table), json, yaml (the AxQueues), name or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long)]
+    pub output: Option<OutputFormat>,
 }
 
 #[derive(Args, Debug, Default)]
@@ -230,9 +271,64 @@ pub struct SubmitArgs {
     pub file: Option<PathBuf>,
     #[command(flatten)]
     pub task: TaskFields,
-    /// Print the task that would be created (YAML) instead of creating it.
+    /// `client` (also bare `--dry-run`): print the task that would be created (YAML);
+    /// `server`: the API server validates it without storing it; `none`: create it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "client")]
+    pub dry_run: DryRun,
+    #[command(flatten)]
+    pub wait: SubmitWaitArgs,
+}
+
+/// `--wait` of `submit` and `resubmit`: after creating, wait as `wait NAME --for succeeded`.
+#[derive(Args, Debug, Default, Clone)]
+pub struct SubmitWaitArgs {
+    /// After creating, wait until the task Succeeded (exit codes as `kubectl ax wait`).
     #[arg(long)]
-    pub dry_run: bool,
+    pub wait: bool,
+    /// With `--wait`: give up after this long (seconds, or a duration like `10m`; default 10m).
+    #[arg(long, requires = "wait")]
+    pub timeout: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    /// Tasks by name, or `dag/NAME` for a DAG (its child tasks go with it).
+    pub targets: Vec<String>,
+    /// Tasks with these labels.
+    #[arg(short = 'l', long)]
+    pub selector: Option<String>,
+    /// Only finished tasks (Succeeded, Dead, Canceled).
+    #[arg(long)]
+    pub completed: bool,
+    /// Only tasks that finished more than this long ago (`24h`, `90m`, seconds); implies
+    /// finished ones.
+    #[arg(long)]
+    pub older_than: Option<String>,
+    /// Do not ask for confirmation when more than one object matches.
+    #[arg(short = 'y', long)]
+    pub yes: bool,
+    /// `client` (also bare `--dry-run`): show what would be deleted; `server`: the API server
+    /// checks the deletes too; `none`: delete.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "client")]
+    pub dry_run: DryRun,
+}
+
+#[derive(Args, Debug)]
+pub struct ResubmitArgs {
+    /// The task whose spec the new one takes.
+    pub task: String,
+    /// Name of the new task (default: `<task>-` plus a random suffix chosen by the API server).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// `client` (also bare `--dry-run`): print the task that would be created (YAML);
+    /// `server`: the API server validates it without storing it; `none`: create it.
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true,
+          default_value = "none", default_missing_value = "client")]
+    pub dry_run: DryRun,
+    #[command(flatten)]
+    pub wait: SubmitWaitArgs,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,15 +23,16 @@ use crate::client::format::relative;
 use crate::client::operator;
 use crate::core::conditions;
 
-use super::args::{CronArgs, CronCommand};
+use super::args::{CronArgs, CronCommand, CronListArgs};
 use super::format::{self, qualified_name};
+use super::output::write_objects;
 
 /// On a child created by `kubectl ax cron trigger` (the value: who asked, as the CLI knows it).
 pub const ANNOTATION_MANUAL: &str = "ax.dev/manual-trigger";
 
 pub async fn run(ctx: &Ctx, args: &CronArgs) -> Result<(), ClientError> {
     match &args.command {
-        CronCommand::List(list) => self::list(ctx, list.no_headers).await,
+        CronCommand::List(list) => self::list(ctx, list).await,
         CronCommand::Trigger { name } => trigger(ctx, name).await,
         CronCommand::Suspend { name } => set_suspend(ctx, name, true).await,
         CronCommand::Resume { name } => set_suspend(ctx, name, false).await,
@@ -45,7 +46,7 @@ fn crons(ctx: &Ctx, namespace: Option<&str>) -> Api<AxCron> {
     }
 }
 
-async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, ClientError> {
+pub async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, ClientError> {
     let op = Op::new("get", Resource::Cron)
         .namespace(Some(&ctx.namespace))
         .name(name);
@@ -55,7 +56,7 @@ async fn get(ctx: &Ctx, name: &str) -> Result<AxCron, ClientError> {
         .map_err(|e| from_kube(&op, e))
 }
 
-async fn list(ctx: &Ctx, no_headers: bool) -> Result<(), ClientError> {
+async fn list(ctx: &Ctx, args: &CronListArgs) -> Result<(), ClientError> {
     let namespace = ctx.list_namespace();
     let op = Op::new("list", Resource::Cron).namespace(namespace);
     let mut items = crons(ctx, namespace)
@@ -66,6 +67,9 @@ async fn list(ctx: &Ctx, no_headers: bool) -> Result<(), ClientError> {
     items.sort_by_key(|c| (c.namespace(), c.name_any()));
     let all = ctx.global.all_namespaces;
     let mut out = std::io::stdout().lock();
+    if write_objects(&mut out, args.output.as_ref(), "axcron", &items, false)? {
+        return Ok(());
+    }
     if items.is_empty() {
         match namespace {
             Some(ns) => writeln!(out, "No AxCrons in namespace {ns}.")?,
@@ -74,7 +78,7 @@ async fn list(ctx: &Ctx, no_headers: bool) -> Result<(), ClientError> {
         return Ok(());
     }
     let (headers, rows) = table(&items, Timestamp::now(), all);
-    let text = if no_headers {
+    let text = if args.no_headers {
         format::table_without_headers(&headers, &rows)
     } else {
         format::table(&headers, &rows)

@@ -17,9 +17,9 @@ use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::format::age;
 use crate::core::conditions;
 
-use super::args::{DagArgs, OutputFormat};
+use super::args::DagArgs;
 use super::format;
-use super::list::{list_document, object_name, to_json, to_yaml};
+use super::output::write_objects;
 
 /// The DAG's header line, conditions that are true, and the table of its tasks by level.
 pub fn render(dag: &AxDag) -> String {
@@ -95,62 +95,52 @@ pub async fn run(ctx: &Ctx, args: &DagArgs) -> Result<(), ClientError> {
             .map_err(|e| from_kube(&op, e))?
             .items;
         dags.sort_by_key(|d| (d.namespace(), d.name_any()));
-        return match args.output {
-            Some(OutputFormat::Json) => {
-                Ok(out.write_all(to_json(&list_document(&dags))?.as_bytes())?)
-            }
-            Some(OutputFormat::Yaml) => {
-                Ok(out.write_all(to_yaml(&list_document(&dags))?.as_bytes())?)
-            }
-            Some(OutputFormat::Name) => {
-                for d in &dags {
-                    writeln!(out, "{}", object_name("axdag", &d.name_any()))?;
-                }
-                Ok(())
-            }
-            _ => {
-                if dags.is_empty() {
-                    eprintln!("No DAGs found.");
-                    return Ok(());
-                }
-                let now = Timestamp::now();
-                let all = ctx.global.all_namespaces;
-                let mut headers = vec![];
+        if write_objects(&mut out, args.output.as_ref(), "axdag", &dags, false)? {
+            return Ok(());
+        }
+        if dags.is_empty() {
+            eprintln!("No DAGs found.");
+            return Ok(());
+        }
+        let now = Timestamp::now();
+        let all = ctx.global.all_namespaces;
+        let mut headers = vec![];
+        if all {
+            headers.push("NAMESPACE");
+        }
+        headers.extend(["NAME", "PHASE", "PROGRESS", "AGE"]);
+        let rows: Vec<Vec<String>> = dags
+            .iter()
+            .map(|d| {
+                let s = d.status.clone().unwrap_or_default();
+                let mut row = vec![];
                 if all {
-                    headers.push("NAMESPACE");
+                    row.push(d.namespace().unwrap_or_default());
                 }
-                headers.extend(["NAME", "PHASE", "PROGRESS", "AGE"]);
-                let rows: Vec<Vec<String>> = dags
-                    .iter()
-                    .map(|d| {
-                        let s = d.status.clone().unwrap_or_default();
-                        let mut row = vec![];
-                        if all {
-                            row.push(d.namespace().unwrap_or_default());
-                        }
-                        row.extend([
-                            d.name_any(),
-                            s.phase.map(|p| p.to_string()).unwrap_or_default(),
-                            s.progress.unwrap_or_default(),
-                            d.metadata
-                                .creation_timestamp
-                                .as_ref()
-                                .map(|t| age(now, t.0))
-                                .unwrap_or_default(),
-                        ]);
-                        row
-                    })
-                    .collect();
-                Ok(out.write_all(format::table(&headers, &rows).as_bytes())?)
-            }
-        };
+                row.extend([
+                    d.name_any(),
+                    s.phase.map(|p| p.to_string()).unwrap_or_default(),
+                    s.progress.unwrap_or_default(),
+                    d.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| age(now, t.0))
+                        .unwrap_or_default(),
+                ]);
+                row
+            })
+            .collect();
+        return Ok(out.write_all(format::table(&headers, &rows).as_bytes())?);
     };
     let dag = ctx.get_dag(name).await?;
-    match args.output {
-        Some(OutputFormat::Json) => out.write_all(to_json(&dag)?.as_bytes())?,
-        Some(OutputFormat::Yaml) => out.write_all(to_yaml(&dag)?.as_bytes())?,
-        Some(OutputFormat::Name) => writeln!(out, "{}", object_name("axdag", &dag.name_any()))?,
-        _ => out.write_all(render(&dag).as_bytes())?,
+    if !write_objects(
+        &mut out,
+        args.output.as_ref(),
+        "axdag",
+        std::slice::from_ref(&dag),
+        true,
+    )? {
+        out.write_all(render(&dag).as_bytes())?;
     }
     Ok(())
 }

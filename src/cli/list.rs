@@ -18,6 +18,7 @@ use crate::client::format::{age, relative};
 
 use super::args::{ListArgs, OutputFormat};
 use super::format;
+use super::output::write_objects;
 use super::target::{TaskFilter, parse_phases};
 
 pub fn headers(wide: bool, all_namespaces: bool) -> Vec<&'static str> {
@@ -140,12 +141,13 @@ pub async fn run(ctx: &Ctx, args: &ListArgs) -> Result<(), ClientError> {
         .collect();
     sort_tasks(&mut tasks);
     match args.output {
-        Some(OutputFormat::Json) => out.write_all(to_json(&list_document(&tasks))?.as_bytes())?,
-        Some(OutputFormat::Yaml) => out.write_all(to_yaml(&list_document(&tasks))?.as_bytes())?,
-        Some(OutputFormat::Name) => {
-            for t in &tasks {
-                writeln!(out, "{}", object_name("axtask", &t.name_any()))?;
-            }
+        Some(
+            OutputFormat::Json
+            | OutputFormat::Yaml
+            | OutputFormat::Name
+            | OutputFormat::JsonPath(_),
+        ) => {
+            write_objects(&mut out, args.output.as_ref(), "axtask", &tasks, false)?;
         }
         None | Some(OutputFormat::Wide) => {
             if tasks.is_empty() {
@@ -228,7 +230,12 @@ async fn watch(ctx: &Ctx, args: &ListArgs, filter: &TaskFilter) -> Result<(), Cl
         let mut out = std::io::stdout().lock();
         let now = Timestamp::now();
         for t in &changed {
-            match args.output {
+            match &args.output {
+                Some(OutputFormat::JsonPath(template)) => {
+                    let value =
+                        serde_json::to_value(t).map_err(|e| ClientError::Io(e.to_string()))?;
+                    out.write_all(template.render(&value)?.as_bytes())?
+                }
                 Some(OutputFormat::Json) => out.write_all(to_json(t)?.as_bytes())?,
                 Some(OutputFormat::Yaml) => {
                     out.write_all(format!("---\n{}", to_yaml(t)?).as_bytes())?

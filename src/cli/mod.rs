@@ -7,13 +7,17 @@
 //! task ended otherwise, a request refused), 2 a usage error (clap's, or ours), 3 `wait` timed out.
 
 pub mod args;
+pub mod complete;
 pub mod cron;
 pub mod dag;
+pub mod delete;
 pub mod describe;
 pub mod format;
 pub mod list;
 pub mod logs;
+pub mod output;
 pub mod rerun;
+pub mod resubmit;
 pub mod submit;
 pub mod suspend;
 pub mod target;
@@ -65,6 +69,8 @@ pub async fn run(cli: Cli) -> Result<(), ClientError> {
         Command::Top(args) => top::run(&ctx, args).await,
         Command::Submit(args) => submit::run(&ctx, args).await,
         Command::Wait(args) => wait::run(&ctx, args).await,
+        Command::Delete(args) => delete::run(&ctx, args).await,
+        Command::Resubmit(args) => resubmit::run(&ctx, args).await,
         Command::Ui(args) => crate::console::run(ctx, args).await,
         Command::Cron(args) => cron::run(&ctx, args).await,
         Command::Version(_) => version(&ctx).await,
@@ -110,7 +116,8 @@ async fn version(ctx: &Ctx) -> Result<(), ClientError> {
     writeln!(
         out,
         "operator   {operator} [Lease {}/{}]",
-        ctx.global.operator_namespace, ctx.global.operator_lease
+        operator::lease_namespace(ctx).await,
+        ctx.global.operator_lease
     )?;
     Ok(())
 }
@@ -118,6 +125,8 @@ async fn version(ctx: &Ctx) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use clap::Parser;
 
     #[test]
     fn the_krew_manifest_installs_this_binary_at_this_version() {
@@ -140,6 +149,60 @@ mod tests {
             "kubectl-ax",
             "the binary kubectl runs as `kubectl ax`"
         );
+    }
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("kubectl-ax").chain(line.split_whitespace()))
+    }
+
+    fn dry_run_of(line: &str) -> args::DryRun {
+        match parse(line)
+            .unwrap_or_else(|e| panic!("{line}: {e}"))
+            .command
+        {
+            Command::Retry(a) => a.dry_run,
+            Command::Cancel(a) => a.dry_run,
+            Command::Suspend(a) | Command::Resume(a) => a.dry_run,
+            Command::Submit(a) => a.dry_run,
+            Command::Delete(a) => a.dry_run,
+            Command::Resubmit(a) => a.dry_run,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn dry_run_takes_kubectls_values_and_a_bare_flag_keeps_its_old_meaning() {
+        use args::DryRun;
+        for verb in ["retry x", "cancel x", "suspend x", "resume x"] {
+            assert_eq!(dry_run_of(verb), DryRun::None, "{verb}");
+            assert_eq!(dry_run_of(&format!("{verb} --dry-run")), DryRun::Server);
+            assert_eq!(
+                dry_run_of(&format!("{verb} --dry-run=client")),
+                DryRun::Client
+            );
+            assert_eq!(dry_run_of(&format!("{verb} --dry-run=none")), DryRun::None);
+        }
+        for verb in ["submit --type t --image i", "delete x", "resubmit x"] {
+            assert_eq!(dry_run_of(&format!("{verb} --dry-run")), DryRun::Client);
+            assert_eq!(
+                dry_run_of(&format!("{verb} --dry-run=server")),
+                DryRun::Server
+            );
+        }
+        assert!(parse("delete --dry-run=maybe x").is_err());
+    }
+
+    #[test]
+    fn timeout_of_submit_belongs_to_wait() {
+        assert!(parse("submit --type t --image i --timeout 5m").is_err());
+        let Command::Submit(a) = parse("submit --type t --image i --wait --timeout 5m")
+            .unwrap()
+            .command
+        else {
+            panic!("submit")
+        };
+        assert!(a.wait.wait);
+        assert_eq!(a.wait.timeout.as_deref(), Some("5m"));
     }
 
     #[test]

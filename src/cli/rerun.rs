@@ -17,7 +17,7 @@ use crate::client::rerun::{
     cancel_patch, cancel_task, patch_params, rerun, retry_decision_dag, retry_decision_task,
 };
 
-use super::args::{CancelArgs, RetryArgs};
+use super::args::{CancelArgs, DryRun, RetryArgs};
 use super::target::{Kind, Target, TaskFilter, parse_phases, parse_targets};
 
 /// An object to act on, as read.
@@ -103,7 +103,7 @@ async fn select(
 
 /// The per-object report lines go to stdout, errors to stderr; a single failing target returns
 /// its own error (one line), several return `Partial`.
-fn finish(failures: Vec<ClientError>, total: usize) -> Result<(), ClientError> {
+pub fn finish(failures: Vec<ClientError>, total: usize) -> Result<(), ClientError> {
     if failures.is_empty() {
         return Ok(());
     }
@@ -157,21 +157,36 @@ pub async fn retry(ctx: &Ctx, args: &RetryArgs) -> Result<(), ClientError> {
             RetryDecision::Rerun { .. }
         )
     });
-    if wants_patch && !args.dry_run {
+    if wants_patch && !args.dry_run.is_dry() {
         operator::check(ctx).await?;
     }
+    let server_dry = args.dry_run == DryRun::Server;
     let mut out = std::io::stdout().lock();
     for (item, explicit) in selection.items {
         let label = item.label(all);
         let result = match item {
-            Item::Task(t) => rerun(ctx, Resource::Task, t, retry_decision_task, args.dry_run).await,
-            Item::Dag(d) => rerun(ctx, Resource::Dag, d, retry_decision_dag, args.dry_run).await,
+            // Decided here, sent nowhere.
+            Item::Task(t) if args.dry_run == DryRun::Client => {
+                Ok(client_dry_run(retry_decision_task(&t)))
+            }
+            Item::Dag(d) if args.dry_run == DryRun::Client => {
+                Ok(client_dry_run(retry_decision_dag(&d)))
+            }
+            Item::Task(t) => rerun(ctx, Resource::Task, t, retry_decision_task, server_dry).await,
+            Item::Dag(d) => rerun(ctx, Resource::Dag, d, retry_decision_dag, server_dry).await,
         };
         match result {
-            Ok((RetryDecision::Rerun { phase, current }, next)) if args.dry_run => writeln!(
-                out,
-                "{label}: would be re-run (spec.rerun {current} -> {next}; {phase}) [server dry run]"
-            )?,
+            Ok((RetryDecision::Rerun { phase, current }, next)) if args.dry_run.is_dry() => {
+                let which = if server_dry {
+                    "server dry run"
+                } else {
+                    "dry run"
+                };
+                writeln!(
+                    out,
+                    "{label}: would be re-run (spec.rerun {current} -> {next}; {phase}) [{which}]"
+                )?
+            }
             Ok((RetryDecision::Rerun { phase, .. }, next)) => writeln!(
                 out,
                 "{label}: re-run requested (spec.rerun {next}; was {phase})"
@@ -199,8 +214,17 @@ pub async fn retry(ctx: &Ctx, args: &RetryArgs) -> Result<(), ClientError> {
     finish(failures, total)
 }
 
+/// What `rerun` would return for a decision, without sending anything.
+fn client_dry_run(decision: RetryDecision) -> (RetryDecision, i64) {
+    let next = match &decision {
+        RetryDecision::Rerun { current, .. } => current + 1,
+        _ => 0,
+    };
+    (decision, next)
+}
+
 /// Asks on stderr, reads the answer from stdin; only `y`/`yes` confirms.
-fn confirm(question: &str) -> Result<bool, ClientError> {
+pub fn confirm(question: &str) -> Result<bool, ClientError> {
     eprint!("{question} [y/N] ");
     std::io::stderr().flush()?;
     let mut answer = String::new();
@@ -252,7 +276,7 @@ pub async fn cancel(ctx: &Ctx, args: &CancelArgs) -> Result<(), ClientError> {
         println!("nothing to cancel: no unfinished task matches");
         return Ok(());
     }
-    if to_cancel > 1 && !args.yes && !args.dry_run {
+    if to_cancel > 1 && !args.yes && !args.dry_run.is_dry() {
         let scope = match ctx.list_namespace() {
             Some(ns) => format!("in namespace \"{ns}\""),
             None => "in all namespaces".into(),
@@ -263,26 +287,28 @@ pub async fn cancel(ctx: &Ctx, args: &CancelArgs) -> Result<(), ClientError> {
             )));
         }
     }
-    if to_cancel > 0 && !args.dry_run {
+    if to_cancel > 0 && !args.dry_run.is_dry() {
         operator::check(ctx).await?;
     }
-    let params = patch_params(args.dry_run);
-    let dry = if args.dry_run {
-        " [server dry run]"
-    } else {
-        ""
+    let client_dry = args.dry_run == DryRun::Client;
+    let params = patch_params(args.dry_run == DryRun::Server);
+    let dry = match args.dry_run {
+        DryRun::None => "",
+        DryRun::Client => " [dry run]",
+        DryRun::Server => " [server dry run]",
     };
     let mut out = std::io::stdout().lock();
     for (item, _) in selection.items {
         let label = item.label(all);
         let (decision, result) = match &item {
+            Item::Task(t) if client_dry => (cancel_decision_task(t), Ok(())),
             Item::Task(t) => {
                 let d = cancel_decision_task(t);
                 (d, cancel_task(ctx, t, &params).await.map(|_| ()))
             }
             Item::Dag(dag) => {
                 let d = cancel_decision_dag(dag);
-                let r = if matches!(d, CancelDecision::Cancel { .. }) {
+                let r = if matches!(d, CancelDecision::Cancel { .. }) && !client_dry {
                     let op = Op::new("patch", Resource::Dag)
                         .namespace(dag.namespace().as_deref())
                         .name(&dag.name_any());

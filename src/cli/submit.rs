@@ -1,6 +1,7 @@
 //! `kubectl ax submit`: an AxTask from flags, or from a manifest with flags overriding its fields
 //! (built by `client::submit`, as the console's form is); `run` reads the manifest and payload
-//! files, creates the task and prints its name (client required).
+//! files, creates the task and prints its name, and with `--wait` waits for it (client
+//! required).
 
 use std::io::{Read, Write};
 
@@ -8,13 +9,19 @@ use kube::ResourceExt;
 use kube::api::PostParams;
 use serde_json::Value;
 
+use crate::api::AxTask;
 use crate::client::ctx::Ctx;
 use crate::client::error::{ClientError, Op, Resource, from_kube};
+use crate::client::format::parse_duration;
 use crate::client::operator;
+use crate::client::rerun::FIELD_MANAGER;
 use crate::client::submit::{build_task, parse_payload};
 
-use super::args::SubmitArgs;
+use super::args::{DryRun, SubmitArgs, SubmitWaitArgs, WaitArgs, WaitFor};
 use super::list::to_yaml;
+
+/// `--timeout` of `submit --wait`, as `kubectl ax wait` has it.
+pub const DEFAULT_WAIT_TIMEOUT: &str = "10m";
 
 fn read_source(path: &std::path::Path) -> Result<String, ClientError> {
     if path.as_os_str() == "-" {
@@ -58,19 +65,59 @@ pub async fn run(ctx: &Ctx, args: &SubmitArgs) -> Result<(), ClientError> {
         (None, None) => ctx.namespace.clone(),
     };
     let task = build_task(&args.task, base, payload, &namespace)?;
-    if args.dry_run {
+    create(ctx, &task, args.dry_run, &args.wait).await
+}
+
+/// Creates the task (or prints it, or has the server check it), prints its name, and with
+/// `--wait` waits for it as `kubectl ax wait NAME --for succeeded` would; shared by `resubmit`.
+pub async fn create(
+    ctx: &Ctx,
+    task: &AxTask,
+    dry_run: DryRun,
+    wait: &SubmitWaitArgs,
+) -> Result<(), ClientError> {
+    if dry_run == DryRun::Client {
         std::io::stdout()
             .lock()
-            .write_all(to_yaml(&task)?.as_bytes())?;
+            .write_all(to_yaml(task)?.as_bytes())?;
         return Ok(());
     }
-    operator::check(ctx).await?;
+    // Checked before the request, so that a bad value fails before anything is created.
+    let timeout = wait.timeout.as_deref().unwrap_or(DEFAULT_WAIT_TIMEOUT);
+    parse_duration("timeout", timeout)?;
+    if !dry_run.is_dry() {
+        operator::check(ctx).await?;
+    }
+    let namespace = task.namespace().unwrap_or_else(|| ctx.namespace.clone());
     let op = Op::new("create", Resource::Task).namespace(Some(&namespace));
+    let params = PostParams {
+        dry_run: dry_run.is_dry(),
+        field_manager: Some(FIELD_MANAGER.into()),
+    };
     let created = ctx
         .tasks(Some(&namespace))
-        .create(&PostParams::default(), &task)
+        .create(&params, task)
         .await
         .map_err(|e| from_kube(&op, e))?;
-    writeln!(std::io::stdout().lock(), "{}", created.name_any())?;
-    Ok(())
+    let name = created.name_any();
+    {
+        let mut out = std::io::stdout().lock();
+        if dry_run.is_dry() {
+            writeln!(out, "axtask/{name} created{}", dry_run.note())?;
+            return Ok(());
+        }
+        // The name first, on its own line, even when a wait follows: scripts read it.
+        writeln!(out, "{name}")?;
+        out.flush()?;
+    }
+    if !wait.wait {
+        return Ok(());
+    }
+    let in_namespace = ctx.in_namespace(&namespace);
+    let args = WaitArgs {
+        targets: vec![name],
+        condition: WaitFor::Succeeded,
+        timeout: timeout.to_owned(),
+    };
+    super::wait::run(&in_namespace, &args).await
 }

@@ -11,7 +11,7 @@ use crate::client::ctx::Ctx;
 use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::rerun::patch_params;
 
-use super::args::SuspendArgs;
+use super::args::{DryRun, SuspendArgs};
 
 /// An object named on the command line of `suspend`/`resume`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,12 +109,10 @@ pub async fn run(ctx: &Ctx, args: &SuspendArgs, suspend: bool) -> Result<(), Cli
         println!("nothing to {verb}: no task matches");
         return Ok(());
     }
-    let params = patch_params(args.dry_run);
-    let dry = if args.dry_run {
-        " (server dry run)"
-    } else {
-        ""
-    };
+    let params = patch_params(args.dry_run == DryRun::Server);
+    let dry = args.dry_run.note();
+    // `--dry-run=client`: every patch below is decided already; none is sent.
+    let send = args.dry_run != DryRun::Client;
     let total = targets.len() + selected.len();
     let mut failures = Vec::new();
     let done = if suspend { "suspended" } else { "resumed" };
@@ -133,18 +131,30 @@ pub async fn run(ctx: &Ctx, args: &SuspendArgs, suspend: bool) -> Result<(), Cli
                 let op = Op::new("patch", Resource::Task)
                     .namespace(Some(&ns))
                     .name(name);
-                ctx.tasks(Some(&ns))
-                    .patch(name, &params, &Patch::Merge(task_patch(suspend)))
-                    .await
+                let patched = if send {
+                    ctx.tasks(Some(&ns))
+                        .patch(name, &params, &Patch::Merge(task_patch(suspend)))
+                        .await
+                        .map(|_| ())
+                } else {
+                    Ok(())
+                };
+                patched
                     .map(|_| format!("{} {done}{dry}", target.label()))
                     .map_err(|e| from_kube(&op, e))
             }
             Suspendable::Queue(name) => {
                 let policy = queue_policy(suspend, args.drain);
                 let op = Op::new("patch", Resource::Queue).name(name);
-                ctx.queues()
-                    .patch(name, &params, &Patch::Merge(queue_patch(policy)))
-                    .await
+                let patched = if send {
+                    ctx.queues()
+                        .patch(name, &params, &Patch::Merge(queue_patch(policy)))
+                        .await
+                        .map(|_| ())
+                } else {
+                    Ok(())
+                };
+                patched
                     .map(|_| {
                         format!(
                             "{} {done} (stopPolicy {}){dry}",

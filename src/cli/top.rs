@@ -20,6 +20,7 @@ use crate::core::conditions;
 
 use super::args::TopArgs;
 use super::format;
+use super::output::write_objects;
 
 pub const HEADERS: [&str; 10] = [
     "QUEUE",
@@ -92,9 +93,10 @@ pub async fn run(ctx: &Ctx, args: &TopArgs) -> Result<(), ClientError> {
             });
         }
         queues.sort_by_key(|q| q.name_any());
-        std::io::stdout()
-            .lock()
-            .write_all(render(&queues).as_bytes())?;
+        let mut out = std::io::stdout().lock();
+        if !write_objects(&mut out, args.output.as_ref(), "axqueue", &queues, false)? {
+            out.write_all(render(&queues).as_bytes())?;
+        }
         return Ok(());
     }
     let watch_op = Op::new("watch", Resource::Queue);

@@ -3,6 +3,7 @@
 //! reads of ax objects that turn failures into `ClientError`s.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use clap::Args;
 use kube::api::{ListParams, ObjectList};
@@ -28,14 +29,10 @@ pub struct GlobalArgs {
     /// Path of the kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
-    /// Namespace of the operator's leader-election Lease, checked before acting.
-    #[arg(
-        long,
-        global = true,
-        env = "AX_OPERATOR_NAMESPACE",
-        default_value = "ax-system"
-    )]
-    pub operator_namespace: String,
+    /// Namespace of the operator's leader-election Lease, checked before acting (default:
+    /// `ax-system` if it holds one, else where a Lease of that name is found, a live one first).
+    #[arg(long, global = true, env = "AX_OPERATOR_NAMESPACE")]
+    pub operator_namespace: Option<String>,
     /// Name of the operator's leader-election Lease.
     #[arg(
         long,
@@ -54,6 +51,8 @@ pub struct Ctx {
     /// The namespace named by `-n`, else the context's, else `default`.
     pub namespace: String,
     pub global: GlobalArgs,
+    /// The namespace of the operator's Lease once looked up (`operator::lease_namespace`).
+    pub operator_namespace: OnceLock<String>,
 }
 
 impl Ctx {
@@ -88,7 +87,18 @@ impl Ctx {
             client,
             namespace,
             global: global.clone(),
+            operator_namespace: OnceLock::new(),
         })
+    }
+
+    /// The same connection looking in `namespace`.
+    pub fn in_namespace(&self, namespace: &str) -> Ctx {
+        Ctx {
+            client: self.client.clone(),
+            namespace: namespace.to_owned(),
+            global: self.global.clone(),
+            operator_namespace: self.operator_namespace.clone(),
+        }
     }
 
     /// `None` with `-A`: every namespace.

@@ -1,10 +1,11 @@
 //! Is the ax operator running? It is when its leader-election Lease has a holder whose renewal is
-//! younger than the lease duration. `lease_state` decides (no client required); `check` reads
-//! the Lease (client required).
+//! younger than the lease duration. `lease_state` and `choose_lease_namespace` decide (no client
+//! required); `lease_namespace` finds the Lease, `check` reads it (client required).
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::Api;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
 
 use super::ctx::Ctx;
 use super::error::{ClientError, Op, Resource, from_kube};
@@ -92,9 +93,64 @@ pub fn lease_state(spec: Option<&LeaseSpec>, now: Timestamp) -> OperatorState {
     }
 }
 
+/// Where the operator's Lease is when nothing says: the install's default namespace.
+pub const DEFAULT_NAMESPACE: &str = "ax-system";
+
+/// The namespace of the operator's Lease: the one given (`--operator-namespace`,
+/// `AX_OPERATOR_NAMESPACE`), else among those holding a Lease of that name (`found`; None when
+/// they could not be listed) `ax-system`, then a live one, then by name; else `ax-system`. An
+/// install in another namespace is found without a flag, while one in `ax-system` keeps the
+/// meaning it always had: a second install elsewhere (a Helm test release, say) does not make
+/// a stopped default operator look alive.
+pub fn choose_lease_namespace(
+    given: Option<&str>,
+    found: Option<&[(String, OperatorState)]>,
+) -> String {
+    if let Some(ns) = given {
+        return ns.to_owned();
+    }
+    found
+        .into_iter()
+        .flatten()
+        .min_by_key(|(ns, state)| {
+            (
+                ns != DEFAULT_NAMESPACE,
+                !matches!(state, OperatorState::Running { .. }),
+                ns.clone(),
+            )
+        })
+        .map(|(ns, _)| ns.clone())
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned())
+}
+
+/// The namespace of the operator's Lease, looked up once per run: a cluster-wide list of the
+/// Leases of that name (field selector), `ax-system` when the list is refused or fails.
+pub async fn lease_namespace(ctx: &Ctx) -> String {
+    if let Some(ns) = ctx.operator_namespace.get() {
+        return ns.clone();
+    }
+    let given = ctx.global.operator_namespace.as_deref();
+    let found = if given.is_some() {
+        None
+    } else {
+        let api: Api<Lease> = Api::all(ctx.client.clone());
+        let params =
+            ListParams::default().fields(&format!("metadata.name={}", ctx.global.operator_lease));
+        let now = Timestamp::now();
+        api.list(&params).await.ok().map(|list| {
+            list.items
+                .iter()
+                .filter_map(|l| Some((l.namespace()?, lease_state(l.spec.as_ref(), now))))
+                .collect::<Vec<_>>()
+        })
+    };
+    let chosen = choose_lease_namespace(given, found.as_deref());
+    ctx.operator_namespace.get_or_init(|| chosen).clone()
+}
+
 /// Reads the operator's Lease.
 pub async fn state(ctx: &Ctx) -> Result<OperatorState, ClientError> {
-    let namespace = &ctx.global.operator_namespace;
+    let namespace = &lease_namespace(ctx).await;
     let name = &ctx.global.operator_lease;
     let api: Api<Lease> = Api::namespaced(ctx.client.clone(), namespace);
     let op = Op::new("get", Resource::Lease)
@@ -131,7 +187,7 @@ pub async fn check(ctx: &Ctx) -> Result<(), ClientError> {
         };
         if std::time::Instant::now() >= deadline {
             return Err(ClientError::OperatorNotRunning {
-                namespace: ctx.global.operator_namespace.clone(),
+                namespace: lease_namespace(ctx).await,
                 lease: ctx.global.operator_lease.clone(),
                 why,
             });
@@ -156,6 +212,58 @@ mod tests {
             lease_duration_seconds: Some(duration),
             ..LeaseSpec::default()
         }
+    }
+
+    #[test]
+    fn the_lease_namespace_is_the_given_one_else_a_live_found_one_else_ax_system() {
+        let running = || OperatorState::Running {
+            holder: "ax-operator-0".into(),
+            renewed_ago: "1s".into(),
+        };
+        let found = |list: &[(&str, OperatorState)]| -> Vec<(String, OperatorState)> {
+            list.iter()
+                .map(|(ns, st)| (ns.to_string(), st.clone()))
+                .collect()
+        };
+        let both = found(&[("ops", running()), ("ax-system", OperatorState::NoHolder)]);
+        assert_eq!(choose_lease_namespace(Some("given"), Some(&both)), "given");
+        assert_eq!(
+            choose_lease_namespace(None, Some(&both)),
+            "ax-system",
+            "the default install keeps its meaning, running or not"
+        );
+        let elsewhere = found(&[("b", OperatorState::NoHolder), ("c", running())]);
+        assert_eq!(
+            choose_lease_namespace(None, Some(&elsewhere)),
+            "c",
+            "the live one"
+        );
+        assert_eq!(
+            choose_lease_namespace(None, Some(&found(&[("ops", running())]))),
+            "ops",
+            "an install elsewhere is found"
+        );
+        let two_live = found(&[
+            ("zz", running()),
+            ("ax-system", running()),
+            ("aa", running()),
+        ]);
+        assert_eq!(choose_lease_namespace(None, Some(&two_live)), "ax-system");
+        let stale = found(&[
+            ("b", OperatorState::NoHolder),
+            ("a", OperatorState::NoHolder),
+        ]);
+        assert_eq!(choose_lease_namespace(None, Some(&stale)), "a");
+        assert_eq!(
+            choose_lease_namespace(None, Some(&[])),
+            "ax-system",
+            "none found"
+        );
+        assert_eq!(
+            choose_lease_namespace(None, None),
+            "ax-system",
+            "list refused"
+        );
     }
 
     #[test]

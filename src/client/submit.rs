@@ -1,9 +1,14 @@
 //! The AxTask a front end submits (no client required): the fields of `kubectl ax submit` and of
-//! the console's form over a manifest (or none), every field checked. `build_task_value` is what
+//! the console's form over a manifest (or none), every field checked; and the copy of an
+//! existing task that `resubmit` creates. `build_task_value` is what
 //! the API server would be sent, `build_task` that read as an AxTask.
+
+use std::collections::BTreeMap;
 
 use clap::Args;
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use crate::api::{AxTask, Priority};
@@ -300,6 +305,45 @@ pub fn build_task_value(
     Ok(task)
 }
 
+/// Prefix of the labels and annotations the operator owns (`ax.dev/dag`, `ax.dev/cron`, ...):
+/// they say where the source task came from, which the new one did not.
+pub const OPERATOR_PREFIX: &str = "ax.dev/";
+
+/// What `kubectl apply` records of the object it applied: not of the new one.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A new task from `source`'s spec, as `kubectl ax resubmit` creates it: the requests of the
+/// old one (`rerun`, `cancel`, `suspend`) back at their defaults, its own labels and
+/// annotations without the operator's, no owner (a DAG's or cron's child becomes a task of
+/// its own), named `name` or `<source>-` plus a suffix the API server picks.
+pub fn resubmit_task(source: &AxTask, name: Option<&str>) -> AxTask {
+    let keep = |map: &Option<BTreeMap<String, String>>| {
+        let kept: BTreeMap<String, String> = map
+            .iter()
+            .flatten()
+            .filter(|(k, _)| !k.starts_with(OPERATOR_PREFIX) && k.as_str() != LAST_APPLIED)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    let mut spec = source.spec.clone();
+    spec.rerun = 0;
+    spec.cancel = false;
+    spec.suspend = false;
+    AxTask {
+        metadata: ObjectMeta {
+            name: name.map(str::to_owned),
+            generate_name: name.is_none().then(|| format!("{}-", source.name_any())),
+            namespace: source.metadata.namespace.clone(),
+            labels: keep(&source.metadata.labels),
+            annotations: keep(&source.metadata.annotations),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    }
+}
+
 fn capitalized(text: &str) -> String {
     let lower = text.to_ascii_lowercase();
     let mut chars = lower.chars();
@@ -428,6 +472,56 @@ status: {phase: Dead}
             ["/bin/work", "--fast"]
         );
         assert_eq!(containers[1].env.clone().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_resubmitted_task_keeps_the_spec_and_the_users_metadata_only() {
+        let source: AxTask = serde_json::from_value(json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask",
+            "metadata": {
+                "name": "nightly-a", "namespace": "team-a", "uid": "u1", "resourceVersion": "9",
+                "creationTimestamp": "2025-01-01T00:00:00Z", "finalizers": ["x/y"],
+                "labels": {"team": "a", "ax.dev/dag": "nightly", "ax.dev/dag-task": "a"},
+                "annotations": {"note": "keep", "ax.dev/manual-trigger": "true",
+                                "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                "ownerReferences": [{"apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+                                     "name": "nightly", "uid": "u0"}],
+            },
+            "spec": {"type": "report", "priority": "High", "rerun": 3, "cancel": true,
+                     "suspend": true, "retry": {"maxRetries": 4},
+                     "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}},
+            "status": {"phase": "Canceled"},
+        }))
+        .unwrap();
+        let t = resubmit_task(&source, None);
+        assert_eq!(t.metadata.name, None);
+        assert_eq!(t.metadata.generate_name.as_deref(), Some("nightly-a-"));
+        assert_eq!(t.metadata.namespace.as_deref(), Some("team-a"));
+        assert_eq!(
+            t.metadata.labels,
+            Some([("team".to_string(), "a".to_string())].into())
+        );
+        assert_eq!(
+            t.metadata.annotations,
+            Some([("note".to_string(), "keep".to_string())].into())
+        );
+        assert!(t.metadata.owner_references.is_none() && t.metadata.finalizers.is_none());
+        assert!(t.metadata.uid.is_none() && t.metadata.resource_version.is_none());
+        assert!(t.status.is_none());
+        assert_eq!(
+            (t.spec.rerun, t.spec.cancel, t.spec.suspend),
+            (0, false, false)
+        );
+        assert_eq!(t.spec.retry.max_retries, 4);
+        assert_eq!(t.spec.priority, Priority::High);
+        assert_eq!(t.spec.template, source.spec.template);
+
+        let named = resubmit_task(&source, Some("again"));
+        assert_eq!(named.metadata.name.as_deref(), Some("again"));
+        assert_eq!(named.metadata.generate_name, None);
+        let mut bare = source.clone();
+        bare.metadata.labels = Some([("ax.dev/cron".to_string(), "c".to_string())].into());
+        assert_eq!(resubmit_task(&bare, None).metadata.labels, None);
     }
 
     #[test]
