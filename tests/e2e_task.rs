@@ -668,7 +668,8 @@ async fn invalid_manifests_are_rejected_with_the_field_named() {
         "spec":{"weightSchedule":[{"from":"25:00","to":"6:00","weights":{"low":9}}]}}"#;
     let (ok, _, err) = run_kubectl(&["apply", "-f", "-"], Some(bad_window));
     assert!(
-        !ok && err.contains("spec.weightSchedule[0].from") && err.contains("spec.weightSchedule[0].to"),
+        !ok && err.contains("spec.weightSchedule[0].from")
+            && err.contains("spec.weightSchedule[0].to"),
         "{err}"
     );
 }
