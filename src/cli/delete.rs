@@ -14,7 +14,7 @@ use crate::client::format::{human, parse_duration};
 use crate::client::task::effective_phase;
 
 use super::args::{DeleteArgs, DryRun};
-use super::rerun::{confirm, finish};
+use super::rerun::{Item, confirm, finish};
 use super::target::{Kind, parse_targets};
 
 /// Which objects `delete` takes, beyond the names or the label selector.
@@ -79,31 +79,11 @@ pub fn skip_reason(filter: &DeleteFilter, c: &Candidate, now: Timestamp) -> Opti
     })
 }
 
-/// An object to delete, as read.
-// One list per run; boxing would only add noise.
-#[allow(clippy::large_enum_variant)]
-enum Item {
-    Task(AxTask),
-    Dag(AxDag),
-}
-
-impl Item {
-    fn label(&self, all_namespaces: bool) -> String {
-        let (kind, name, ns) = match self {
-            Item::Task(t) => ("axtask", t.name_any(), t.namespace()),
-            Item::Dag(d) => ("axdag", d.name_any(), d.namespace()),
-        };
-        match ns {
-            Some(ns) if all_namespaces => format!("{kind}/{name} in {ns}"),
-            _ => format!("{kind}/{name}"),
-        }
-    }
-
-    fn candidate(&self) -> Candidate {
-        match self {
-            Item::Task(t) => Candidate::of_task(t),
-            Item::Dag(d) => Candidate::of_dag(d),
-        }
+/// What the filter looks at of an object.
+fn candidate(item: &Item) -> Candidate {
+    match item {
+        Item::Task(t) => Candidate::of_task(t),
+        Item::Dag(d) => Candidate::of_dag(d),
     }
 }
 
@@ -159,7 +139,7 @@ pub async fn run(ctx: &Ctx, args: &DeleteArgs) -> Result<(), ClientError> {
         };
         match read {
             // Named and kept by the filter: said, not an error (the filter asked for it).
-            Ok(item) => match skip_reason(&filter, &item.candidate(), now) {
+            Ok(item) => match skip_reason(&filter, &candidate(&item), now) {
                 Some(why) => skipped.push(format!("{}: {why}, skipped", item.label(all))),
                 None => items.push(item),
             },

@@ -20,17 +20,17 @@ use crate::client::rerun::{
 use super::args::{CancelArgs, DryRun, RetryArgs};
 use super::target::{Kind, Target, TaskFilter, parse_phases, parse_targets};
 
-/// An object to act on, as read.
+/// An object to act on, as read (also `delete`'s).
 // Held in one list per run; boxing would only add noise.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
-enum Item {
+pub(super) enum Item {
     Task(AxTask),
     Dag(AxDag),
 }
 
 impl Item {
-    fn label(&self, all_namespaces: bool) -> String {
+    pub(super) fn label(&self, all_namespaces: bool) -> String {
         let (kind, name, ns) = match self {
             Item::Task(t) => ("axtask", t.name_any(), t.namespace()),
             Item::Dag(d) => ("axdag", d.name_any(), d.namespace()),
