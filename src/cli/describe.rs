@@ -22,6 +22,7 @@ use crate::core::worker::{LABEL_TASK, label_value};
 use super::args::DescribeArgs;
 use super::format;
 use super::output::write_objects;
+use super::target::{AnyKind, kind_named};
 
 fn or_none(value: Option<String>) -> String {
     value.unwrap_or_default()
@@ -259,14 +260,15 @@ pub fn parse(text: &str) -> Result<Describable, ClientError> {
         return Err(usage("not a name".into()));
     }
     let name = name.to_owned();
-    let kind = kind.to_ascii_lowercase();
-    let kind = kind.trim_end_matches(".ax.dev");
-    Ok(match kind {
-        "axtask" | "axtasks" | "axt" | "task" | "tasks" => Describable::Task(name),
-        "axdag" | "axdags" | "axd" | "dag" | "dags" => Describable::Dag(name),
-        "axqueue" | "axqueues" | "axq" | "queue" | "queues" => Describable::Queue(name),
-        "axcron" | "axcrons" | "axc" | "cron" | "crons" => Describable::Cron(name),
-        other => return Err(usage(format!("unknown kind {other:?}"))),
+    Ok(match kind_named(kind) {
+        Some(AnyKind::Task) => Describable::Task(name),
+        Some(AnyKind::Dag) => Describable::Dag(name),
+        Some(AnyKind::Queue) => Describable::Queue(name),
+        Some(AnyKind::Cron) => Describable::Cron(name),
+        None => {
+            let kind = kind.to_ascii_lowercase();
+            return Err(usage(format!("unknown kind {kind:?}")));
+        }
     })
 }
 

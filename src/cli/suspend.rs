@@ -12,6 +12,8 @@ use crate::client::error::{ClientError, Op, Resource, from_kube};
 use crate::client::rerun::patch_params;
 
 use super::args::{DryRun, SuspendArgs};
+use super::rerun::finish;
+use super::target::{AnyKind, kind_named};
 
 /// An object named on the command line of `suspend`/`resume`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,14 +39,12 @@ pub fn parse(text: &str) -> Result<Suspendable, ClientError> {
             "{text:?}: not a name (use NAME for a task, or queue/NAME)"
         )));
     }
-    match kind.to_ascii_lowercase().as_str() {
-        "axtask" | "axtasks" | "axt" | "task" | "tasks" | "axtask.ax.dev" | "axtasks.ax.dev" => {
-            Ok(Suspendable::Task(name.to_owned()))
-        }
-        "axqueue" | "axqueues" | "axq" | "queue" | "queues" | "axqueue.ax.dev"
-        | "axqueues.ax.dev" => Ok(Suspendable::Queue(name.to_owned())),
-        other => Err(ClientError::Usage(format!(
-            "{text:?}: {other:?} cannot be suspended (use NAME for a task, or queue/NAME; a cron: kubectl ax cron suspend)"
+    match kind_named(kind) {
+        Some(AnyKind::Task) => Ok(Suspendable::Task(name.to_owned())),
+        Some(AnyKind::Queue) => Ok(Suspendable::Queue(name.to_owned())),
+        _ => Err(ClientError::Usage(format!(
+            "{text:?}: {:?} cannot be suspended (use NAME for a task, or queue/NAME; a cron: kubectl ax cron suspend)",
+            kind.to_ascii_lowercase()
         ))),
     }
 }
@@ -170,16 +170,7 @@ pub async fn run(ctx: &Ctx, args: &SuspendArgs, suspend: bool) -> Result<(), Cli
             Err(e) => failures.push(e),
         }
     }
-    match failures.len() {
-        0 => Ok(()),
-        1 if total == 1 => Err(failures.remove(0)),
-        failed => {
-            for f in failures {
-                eprintln!("error: {f}");
-            }
-            Err(ClientError::Partial { failed, total })
-        }
-    }
+    finish(failures, total)
 }
 
 #[cfg(test)]

@@ -29,22 +29,41 @@ impl Target {
     }
 }
 
+/// A kind of ax object named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnyKind {
+    Task,
+    Dag,
+    Queue,
+    Cron,
+}
+
+/// The kind `spelling` names, in any spelling kubectl accepts for it: singular, plural, short
+/// name, with or without `.ax.dev`, any case.
+pub fn kind_named(spelling: &str) -> Option<AnyKind> {
+    let lower = spelling.to_ascii_lowercase();
+    Some(match lower.strip_suffix(".ax.dev").unwrap_or(&lower) {
+        "axtask" | "axtasks" | "axt" | "task" | "tasks" => AnyKind::Task,
+        "axdag" | "axdags" | "axd" | "dag" | "dags" => AnyKind::Dag,
+        "axqueue" | "axqueues" | "axq" | "queue" | "queues" => AnyKind::Queue,
+        "axcron" | "axcrons" | "axc" | "cron" | "crons" => AnyKind::Cron,
+        _ => return None,
+    })
+}
+
 /// `NAME` (a task), or `KIND/NAME` where KIND is any spelling kubectl accepts for AxTask or AxDag
-/// (`axtask`, `axtasks`, `axt`, `task`, `axtask.ax.dev`; `axdag`, `axd`, `dag`, ...), so the
-/// output of `list -o name` can be fed back in.
+/// ([`kind_named`]), so the output of `list -o name` can be fed back in.
 pub fn parse_target(text: &str) -> Result<Target, ClientError> {
     let (kind, name) = match text.split_once('/') {
         None => (Kind::Task, text),
         Some((kind, name)) => {
-            let kind = match kind.to_ascii_lowercase().as_str() {
-                "axtask" | "axtasks" | "axt" | "task" | "tasks" | "axtask.ax.dev"
-                | "axtasks.ax.dev" => Kind::Task,
-                "axdag" | "axdags" | "axd" | "dag" | "dags" | "axdag.ax.dev" | "axdags.ax.dev" => {
-                    Kind::Dag
-                }
-                other => {
+            let kind = match kind_named(kind) {
+                Some(AnyKind::Task) => Kind::Task,
+                Some(AnyKind::Dag) => Kind::Dag,
+                _ => {
                     return Err(ClientError::Usage(format!(
-                        "{text:?}: unknown kind {other:?} (use NAME for a task, or dag/NAME)"
+                        "{text:?}: unknown kind {:?} (use NAME for a task, or dag/NAME)",
+                        kind.to_ascii_lowercase()
                     )));
                 }
             };
