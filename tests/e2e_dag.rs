@@ -275,16 +275,35 @@ async fn fail_fast_skips_the_rest_after_a_dead_task() {
 
 #[tokio::test]
 async fn continue_independent_finishes_the_branch_that_does_not_need_the_dead_task() {
-    let (client, ns, dag) = dag_example_in_phase(
-        "dag-continue",
-        "dag-branch-fails.yaml",
-        "ci",
-        |v| {
-            v["spec"]["failurePolicy"] = "ContinueIndependent".into();
-        },
-        DagPhase::Failed,
+    let client = client().await;
+    let ns = namespace(&client, "dag-continue").await;
+    // c runs until the test lets it go, so e can only start after b is Dead (as in the FailFast
+    // test: a fixed `sleep` in c raced b's attempts on a loaded machine).
+    create_dag(
+        &client,
+        &ns,
+        &example_of::<AxDag>("dag-branch-fails.yaml", "ci", |dag| {
+            dag["spec"]["failurePolicy"] = "ContinueIndependent".into();
+            let c = &mut dag["spec"]["tasks"][2];
+            assert_eq!(c["name"], "c");
+            c["spec"]["template"]["spec"]["containers"][0]["command"] =
+                serde_json::json!(["sh", "-c", "until [ -e /tmp/go ]; do sleep 0.2; done"]);
+        }),
     )
     .await;
+    let running = wait_for(&client, &ns, "ci", LONG, |d: &AxDag| {
+        let nodes = node_phases(d);
+        nodes.get("b") == Some(&DagNodePhase::Dead)
+            && nodes.get("c") == Some(&DagNodePhase::Running)
+    })
+    .await;
+    assert_eq!(dag_phase(&running), Some(DagPhase::Running));
+    let pods = pods_of(&client, &ns, "ci-c").await;
+    let [pod] = pods.as_slice() else {
+        panic!("c should have one worker pod, has {}", pods.len());
+    };
+    kubectl_ok(&["exec", "-n", &ns, &pod.name_any(), "--", "touch", "/tmp/go"]);
+    let dag = wait_dag_phase(&client, &ns, "ci", DagPhase::Failed, LONG).await;
     let kids = children(&client, &ns, "ci").await;
     assert_eq!(
         kids.keys().map(String::as_str).collect::<Vec<_>>(),

@@ -187,6 +187,23 @@ fn check(ns: &str, file: &Path, expect: &Expect) -> Result<(), String> {
     }
 }
 
+/// The attempts of the task an expectation is about, one line each, to say why a check failed
+/// (an attempt lost to the infrastructure, say); empty for other objects.
+fn attempts_of(ns: &str, expect: &Expect) -> String {
+    let object = match expect {
+        Expect::Equals { object, .. } | Expect::Differs { object, .. } => object,
+        _ => return String::new(),
+    };
+    if !object.starts_with("axtask/") {
+        return String::new();
+    }
+    let path = "{range .status.attempts[*]}\n  attempt {.attempt} on {.node}: {.outcome} \
+                {.failureKind} {.reason} exit {.exitCode}{end}";
+    get(ns, object, path)
+        .map(|lines| format!("\n{object} attempts:{lines}"))
+        .unwrap_or_default()
+}
+
 /// Applies one example in a namespace of its own and checks what it promises; deletes what it
 /// created. Its failures, each naming the file.
 fn run_example(file: &Path) -> Vec<String> {
@@ -218,7 +235,8 @@ fn run_example(file: &Path) -> Vec<String> {
             (expect, true) => check(&ns, file, expect),
         };
         if let Err(e) = outcome {
-            failures.push(format!("{shown} (namespace {ns}): {e}"));
+            let attempts = attempts_of(&ns, expect);
+            failures.push(format!("{shown} (namespace {ns}): {e}{attempts}"));
         }
     }
     if applied {
