@@ -353,7 +353,7 @@ fn most_generated_specs_deserialize_and_many_pass_validation() {
     let dags = part(&schema_of(&AxDag::crd()), "spec");
     // (deserialized, valid) per kind.
     let mut counts = [(0, 0); 3];
-    for _ in 0..200 {
+    for _ in 0..400 {
         let mut t = tasks.new_tree(&mut runner).expect("a task").current();
         // The template's schema admits any object (it is checked at pod creation), so a generated
         // one is garbage; a real one lets validation's other checks run.
@@ -373,8 +373,8 @@ fn most_generated_specs_deserialize_and_many_pass_validation() {
             counts[2].1 += usize::from(crate::core::dag::validate("d", &dag_nodes(&spec)).is_ok());
         }
     }
-    eprintln!("(deserialized, valid) of 200: tasks, queues, DAGs: {counts:?}");
+    eprintln!("(deserialized, valid) of 400: tasks, queues, DAGs: {counts:?}");
     for (deserialized, valid) in counts {
-        assert!(deserialized >= 100 && valid >= 20, "{counts:?}");
+        assert!(deserialized >= 200 && valid >= 20, "{counts:?}");
     }
 }

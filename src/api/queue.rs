@@ -89,6 +89,60 @@ pub struct AxQueueSpec {
     /// the queue again (a failure that does not count against `maxRetries`). Kueue's vocabulary.
     #[serde(default, skip_serializing_if = "StopPolicy::is_none")]
     pub stop_policy: StopPolicy,
+
+    /// Fair shares between tenants: within each priority bucket, dispatches go round robin across
+    /// the namespaces with waiting tasks, weighted by `weights`, so one namespace's backlog cannot
+    /// take every slot from the others. Absent: a bucket dispatches its oldest task first, whoever's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<FairnessSpec>,
+
+    /// Most tasks of one namespace Scheduled or Running at once in this queue; tasks over it wait
+    /// (`Queued` reason `KeyConcurrencyLimit`) without holding up other namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_concurrency: Option<KeyConcurrencySpec>,
+
+    /// Most dispatches of one namespace per minute, a token bucket per namespace; tasks over it
+    /// wait (`Queued` reason `KeyRateLimit`) without holding up other namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_rate: Option<KeyRateSpec>,
+}
+
+/// `spec.keyRate`: a token bucket of dispatches per tenant (namespace).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRateSpec {
+    /// Dispatches per minute of each namespace (60 = one a second); 0 dispatches nothing.
+    #[schemars(range(min = 0, max = 1000000))]
+    pub per_minute: i32,
+    /// Dispatches a namespace may make at once after waiting; default one second's worth, at
+    /// least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub burst: Option<i32>,
+}
+
+/// `spec.fairness`: how dispatches are shared between the tenants (namespaces) of a queue.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FairnessSpec {
+    /// Share of a namespace relative to the others, by namespace name; unnamed namespaces weigh 1.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "key_weights")]
+    pub weights: BTreeMap<String, i32>,
+}
+
+/// `spec.keyConcurrency`: most tasks of one tenant (namespace) Scheduled or Running at once.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyConcurrencySpec {
+    /// The limit of every namespace not named in `overrides`; absent: no limit for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub limit: Option<i32>,
+    /// Limits of some namespaces, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "type_limits")]
+    pub overrides: BTreeMap<String, i32>,
 }
 
 /// Whether a queue dispatches (`spec.stopPolicy`).
@@ -135,6 +189,9 @@ impl Default for AxQueueSpec {
             concurrency_policy: QueueConcurrencyPolicy::default(),
             namespace_selector: None,
             stop_policy: StopPolicy::None,
+            fairness: None,
+            key_concurrency: None,
+            key_rate: None,
         }
     }
 }
@@ -151,6 +208,13 @@ fn type_limits(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
         "additionalProperties": {"type": "integer", "format": "int32", "minimum": 0},
+    })
+}
+
+fn key_weights(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {"type": "integer", "format": "int32", "minimum": 1, "maximum": 1000},
     })
 }
 

@@ -8,7 +8,10 @@ use jiff::SignedDuration;
 
 use super::breaker::BreakerConfig;
 use super::weights::{WeightWindow, Weights, WindowLimits, window_in_force};
-use crate::api::{AxQueueSpec, ConcurrencyMode, Priority, QueueWeights, StopPolicy};
+use crate::api::{
+    AxQueueSpec, ConcurrencyMode, FairnessSpec, KeyConcurrencySpec, KeyRateSpec, Priority,
+    QueueWeights, StopPolicy,
+};
 use crate::core::selector::{self, Selector, SelectorError};
 
 /// How long the next task of a bucket may wait before it goes ahead of the weights; `None` = no limit.
@@ -61,6 +64,32 @@ pub struct QueueConfig {
     pub namespace_selector: Selector,
     /// `Hold` and `HoldAndDrain` dispatch nothing (`stopPolicy`).
     pub stop_policy: StopPolicy,
+    /// Fair shares between tenants within each bucket; `None`: oldest first, whoever's.
+    pub fairness: Option<Fairness>,
+    /// Most tasks of one tenant dispatched and not yet finished at once; `None`: no such limit.
+    pub key_concurrency: Option<KeyConcurrency>,
+    /// Most dispatches of one tenant per minute, with a burst; `None`: no such limit.
+    pub key_rate: Option<KeyRate>,
+}
+
+/// `spec.keyRate`: a token bucket per tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyRate {
+    pub per_minute: u32,
+    pub burst: u32,
+}
+
+/// `spec.fairness`: the weights of the tenants (namespaces) named; the others weigh 1.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fairness {
+    pub weights: BTreeMap<String, u32>,
+}
+
+/// `spec.keyConcurrency`: a limit for every tenant, and limits for some by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyConcurrency {
+    pub limit: Option<u32>,
+    pub overrides: BTreeMap<String, u32>,
 }
 
 /// The limits a queue applies at one instant: its own, or those the window in force overrides.
@@ -118,6 +147,21 @@ impl QueueConfig {
             .copied()
     }
 
+    /// The fair-share weight of tenant `name` (1 unless `fairness.weights` says otherwise).
+    pub fn tenant_weight(&self, name: &str) -> u32 {
+        self.fairness
+            .as_ref()
+            .and_then(|f| f.weights.get(name))
+            .copied()
+            .unwrap_or(1)
+    }
+
+    /// The `keyConcurrency` limit of tenant `name`, if it has one.
+    pub fn tenant_limit(&self, name: &str) -> Option<u32> {
+        let limits = self.key_concurrency.as_ref()?;
+        limits.overrides.get(name).copied().or(limits.limit)
+    }
+
     /// The retry rate while `window` is in force.
     pub fn retry_rate_in(&self, window: Option<usize>) -> u32 {
         window
@@ -140,6 +184,9 @@ impl Default for QueueConfig {
             adaptive_min: None,
             namespace_selector: Selector::default(),
             stop_policy: StopPolicy::None,
+            fairness: None,
+            key_concurrency: None,
+            key_rate: None,
         }
     }
 }
@@ -163,6 +210,8 @@ pub enum QueueSpecError {
     AdaptiveMin(i32),
     #[error("{0}")]
     NamespaceSelector(SelectorError),
+    #[error("spec.fairness.weights[{key}] ({value}) must be at least 1")]
+    KeyWeight { key: String, value: i32 },
 }
 
 /// The dispatcher configuration of a queue spec, or why the spec cannot be applied.
@@ -282,6 +331,54 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
         adaptive_min,
         namespace_selector,
         stop_policy: spec.stop_policy,
+        fairness: spec.fairness.as_ref().map(fairness_of).transpose()?,
+        key_concurrency: spec
+            .key_concurrency
+            .as_ref()
+            .map(key_concurrency_of)
+            .transpose()?,
+        key_rate: spec.key_rate.as_ref().map(key_rate_of).transpose()?,
+    })
+}
+
+fn key_rate_of(spec: &KeyRateSpec) -> Result<KeyRate, QueueSpecError> {
+    let per_minute = non_negative(spec.per_minute, "spec.keyRate.perMinute")?;
+    let burst = match spec.burst {
+        Some(burst) => non_negative(burst, "spec.keyRate.burst")?.max(1),
+        None => (per_minute / 60).max(1),
+    };
+    Ok(KeyRate { per_minute, burst })
+}
+
+fn fairness_of(spec: &FairnessSpec) -> Result<Fairness, QueueSpecError> {
+    let weights = spec
+        .weights
+        .iter()
+        .map(|(key, weight)| match u32::try_from(*weight) {
+            Ok(w) if w >= 1 => Ok((key.clone(), w)),
+            _ => Err(QueueSpecError::KeyWeight {
+                key: key.clone(),
+                value: *weight,
+            }),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Fairness { weights })
+}
+
+fn key_concurrency_of(spec: &KeyConcurrencySpec) -> Result<KeyConcurrency, QueueSpecError> {
+    Ok(KeyConcurrency {
+        limit: spec
+            .limit
+            .map(|l| non_negative(l, "spec.keyConcurrency.limit"))
+            .transpose()?,
+        overrides: spec
+            .overrides
+            .iter()
+            .map(|(key, limit)| {
+                non_negative(*limit, &format!("spec.keyConcurrency.overrides[{key}]"))
+                    .map(|limit| (key.clone(), limit))
+            })
+            .collect::<Result<_, _>>()?,
     })
 }
 

@@ -1,7 +1,9 @@
-//! Token bucket that limits retries of a queue (DESIGN §4 `retryRatePerMinute`).
+//! Token bucket that limits retries of a queue (DESIGN §4 `retryRatePerMinute`), and the dispatches of
+//! one tenant (`keyRate`).
 //!
-//! Refills at `rate_per_minute` tokens per minute up to a burst of one second's worth of tokens, at
-//! least one: `burst = max(1, rate / 60)` (the default 1000/min gives 16). A one-second burst keeps a
+//! Refills at `rate_per_minute` tokens per minute up to a burst, by default one second's worth of
+//! tokens, at least one: `burst = max(1, rate / 60)` (the default 1000/min gives 16); `keyRate`
+//! sets its burst itself. A one-second burst keeps a
 //! storm of simultaneous failures from all retrying in the same instant, while a low rate still lets
 //! one retry through at once. Rate 0 lets nothing through. Over any window of length `T` the bucket
 //! grants at most `burst + rate * T / 1 min` tokens.
@@ -16,6 +18,8 @@ const NANOS_PER_MINUTE: u128 = 60_000_000_000;
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
     rate_per_minute: u32,
+    /// The burst set explicitly; `None`: one second's worth of tokens.
+    explicit_burst: Option<u32>,
     /// Current content in units of 1 / `NANOS_PER_MINUTE` token.
     level: u128,
     /// The latest time the level was brought up to date for; never moves backwards.
@@ -27,9 +31,18 @@ impl TokenBucket {
     pub fn new(rate_per_minute: u32, now: Timestamp) -> Self {
         Self {
             rate_per_minute,
-            level: capacity(rate_per_minute),
+            explicit_burst: None,
+            level: capacity(burst(rate_per_minute)),
             updated_at: now,
         }
+    }
+
+    /// A full bucket at `now` holding at most `burst` tokens (a rate of 0 grants nothing).
+    pub fn with_burst(rate_per_minute: u32, burst: u32, now: Timestamp) -> Self {
+        let mut bucket = Self::new(rate_per_minute, now);
+        bucket.explicit_burst = Some(burst);
+        bucket.level = capacity(bucket.burst());
+        bucket
     }
 
     pub fn rate_per_minute(&self) -> u32 {
@@ -38,7 +51,16 @@ impl TokenBucket {
 
     /// How many tokens a full bucket holds.
     pub fn burst(&self) -> u32 {
-        burst(self.rate_per_minute)
+        match self.explicit_burst {
+            _ if self.rate_per_minute == 0 => 0,
+            Some(explicit) => explicit,
+            None => burst(self.rate_per_minute),
+        }
+    }
+
+    /// Whether the bucket is full at `now`: forgetting it then loses nothing.
+    pub fn is_full(&self, now: Timestamp) -> bool {
+        self.level_at(now) >= capacity(self.burst())
     }
 
     /// Whether a token is available at `now`, without taking it.
@@ -67,7 +89,13 @@ impl TokenBucket {
     pub fn set_rate(&mut self, rate_per_minute: u32, now: Timestamp) {
         self.refill(now);
         self.rate_per_minute = rate_per_minute;
-        self.level = self.level.min(capacity(rate_per_minute));
+        self.level = self.level.min(capacity(self.burst()));
+    }
+
+    /// Changes the rate and the burst at `now`, as `set_rate` does.
+    pub fn set_rate_and_burst(&mut self, rate_per_minute: u32, burst: u32, now: Timestamp) {
+        self.explicit_burst = Some(burst);
+        self.set_rate(rate_per_minute, now);
     }
 
     fn refill(&mut self, now: Timestamp) {
@@ -79,9 +107,7 @@ impl TokenBucket {
         // A clock that stepped backwards refills nothing.
         let elapsed = u128::try_from(now.duration_since(self.updated_at).as_nanos()).unwrap_or(0);
         let added = elapsed.saturating_mul(u128::from(self.rate_per_minute));
-        self.level
-            .saturating_add(added)
-            .min(capacity(self.rate_per_minute))
+        self.level.saturating_add(added).min(capacity(self.burst()))
     }
 }
 
@@ -93,8 +119,8 @@ fn burst(rate_per_minute: u32) -> u32 {
     }
 }
 
-fn capacity(rate_per_minute: u32) -> u128 {
-    u128::from(burst(rate_per_minute)) * NANOS_PER_MINUTE
+fn capacity(burst: u32) -> u128 {
+    u128::from(burst) * NANOS_PER_MINUTE
 }
 
 #[cfg(test)]
@@ -141,6 +167,24 @@ mod tests {
         // The step back did not move the refill origin backwards either.
         assert!(!bucket.try_take(t(10_999)));
         assert!(bucket.try_take(t(11_000)));
+    }
+
+    #[test]
+    fn an_explicit_burst_is_kept_across_rate_changes() {
+        let mut bucket = TokenBucket::with_burst(60, 3, t(0));
+        assert_eq!(bucket.burst(), 3);
+        for _ in 0..3 {
+            assert!(bucket.try_take(t(0)));
+        }
+        assert!(!bucket.try_take(t(0)));
+        assert!(!bucket.is_full(t(2000)));
+        assert!(bucket.is_full(t(3000)));
+        bucket.set_rate(120, t(3000));
+        assert_eq!(bucket.burst(), 3);
+        bucket.set_rate_and_burst(120, 1, t(3000));
+        assert!(bucket.try_take(t(3000)));
+        assert!(!bucket.try_take(t(3000)));
+        assert!(bucket.try_take(t(3500)));
     }
 
     #[test]

@@ -15,6 +15,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         for state in &mut self.circuits {
             state.breaker.reconfigure(now, &config.circuit_breaker);
         }
+        self.configure_tenants(&config, now);
         self.config = config;
         self.apply_limits(window_in_force(&self.config.weight_schedule, now), now);
     }

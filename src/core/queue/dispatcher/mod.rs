@@ -4,11 +4,14 @@
 //! (`upsert`, `remove`, `mark_running` when rebuilding after a restart), asks `next` for the task to
 //! dispatch, and reports `finished` outcomes.
 //!
-//! Layout: each priority bucket is split into lanes, one per (namespace, task type, first attempt or
-//! retry), each a FIFO by (`queued_at`, key). A bucket keeps the heads of its lanes in one ordered
-//! set, so its next task is the first head whose lane is not blocked (type concurrency, open circuit,
-//! no retry token): a blocked type never holds up the tasks behind it, and choosing costs O(log n)
-//! plus one check per blocked lane head, never a scan of the pending tasks.
+//! Layout: each priority bucket is split into lanes, one per (tenant, namespace, task type, first
+//! attempt or retry), each a FIFO by (`queued_at`, key). A bucket keeps the heads of its lanes in
+//! ordered sets, so its next task is the first head whose lane is not blocked (type or key
+//! concurrency, open circuit, no retry token): a blocked lane never holds up the tasks behind it,
+//! and choosing costs O(log n) plus one check per blocked lane head, never a scan of the pending
+//! tasks. Without `fairness` all heads form one set (oldest first, whoever's); with it, one set per
+//! tenant (today the namespace), and the bucket takes the tenant of the lowest stride-scheduling
+//! pass (`bucket`): round robin between tenants, weighted by `fairness.weights`.
 //!
 //! Circuit breakers are per (namespace, task type): a queue shared by several teams' namespaces
 //! must not let one team's failing tasks hold another team's tasks of the same type. Type limits
@@ -30,6 +33,7 @@
 //! pass per bucket (k-way merge of its lanes), for the periodic refresh.
 //!
 //! Parts: the buckets and their lanes (`bucket`), the task types and circuits (`circuits`), the
+//! tenants with their weights and `keyConcurrency` limits (`tenants`), the
 //! choice of the next task and what holds the others (`selection`), the limits in force
 //! (`limits`), and where pending tasks stand and when they should start (`positions`).
 
@@ -38,6 +42,7 @@ mod circuits;
 mod limits;
 mod positions;
 mod selection;
+mod tenants;
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -50,6 +55,7 @@ use super::token_bucket::TokenBucket;
 use crate::api::Priority;
 use bucket::{Bucket, Lane};
 use circuits::{CircuitId, CircuitState, TypeId, TypeState};
+use tenants::{TenantId, TenantIds, TenantState};
 
 /// A task waiting to be dispatched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +88,10 @@ pub enum HeldReason {
     AdaptiveLimit,
     /// The `typeConcurrency` of the task's type is used up.
     TypeConcurrencyLimit,
+    /// The `keyConcurrency` of the task's tenant (its namespace) is used up.
+    KeyConcurrencyLimit,
+    /// The `keyRate` of the task's tenant (its namespace) is used up for now.
+    KeyRateLimit,
     /// A retry, and the queue's retry token bucket is empty.
     RetryRateLimited,
     /// The circuit of the task's type is open, or half-open with its probe running.
@@ -99,10 +109,12 @@ pub enum HeldReason {
 }
 
 impl HeldReason {
-    pub const ALL: [HeldReason; 10] = [
+    pub const ALL: [HeldReason; 12] = [
         HeldReason::ConcurrencyLimit,
         HeldReason::AdaptiveLimit,
         HeldReason::TypeConcurrencyLimit,
+        HeldReason::KeyConcurrencyLimit,
+        HeldReason::KeyRateLimit,
         HeldReason::RetryRateLimited,
         HeldReason::CircuitOpen,
         HeldReason::Waiting,
@@ -117,6 +129,8 @@ impl HeldReason {
             HeldReason::ConcurrencyLimit => "ConcurrencyLimit",
             HeldReason::AdaptiveLimit => "AdaptiveLimit",
             HeldReason::TypeConcurrencyLimit => "TypeConcurrencyLimit",
+            HeldReason::KeyConcurrencyLimit => "KeyConcurrencyLimit",
+            HeldReason::KeyRateLimit => "KeyRateLimit",
             HeldReason::RetryRateLimited => "RetryRateLimited",
             HeldReason::CircuitOpen => "CircuitOpen",
             HeldReason::Waiting => "Waiting",
@@ -169,6 +183,7 @@ struct PendingEntry {
 #[derive(Debug, Clone, Copy)]
 struct RunningEntry {
     circuit: CircuitId,
+    tenant: TenantId,
     /// The half-open probe of its circuit's breaker.
     probe: bool,
     /// Its outcome already fed the breaker; releasing the slot later only frees it.
@@ -185,6 +200,8 @@ pub struct Dispatcher<K> {
     circuits: Vec<CircuitState>,
     /// Ids of `circuits` entries no longer used, for reuse.
     free_circuit_ids: Vec<CircuitId>,
+    tenants: Vec<TenantState>,
+    tenant_ids: TenantIds,
     buckets: [Bucket<K>; 4],
     pending: HashMap<K, PendingEntry>,
     running: HashMap<K, RunningEntry>,
@@ -202,13 +219,16 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     pub fn new(config: QueueConfig) -> Self {
         // A bucket last refilled at the dawn of time is full whenever it is first asked.
         let retry_tokens = TokenBucket::new(config.retry_rate_per_minute, Timestamp::MIN);
-        Self {
+        let fair = config.fairness.is_some();
+        let mut dispatcher = Self {
             config,
             types: Vec::new(),
             type_ids: HashMap::new(),
             free_type_ids: Vec::new(),
             circuits: Vec::new(),
             free_circuit_ids: Vec::new(),
+            tenants: Vec::new(),
+            tenant_ids: TenantIds::default(),
             buckets: Default::default(),
             pending: HashMap::new(),
             running: HashMap::new(),
@@ -217,7 +237,11 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             dispatched: 0,
             window: None,
             adaptive_limit: None,
+        };
+        for bucket in &mut dispatcher.buckets {
+            bucket.set_fair(fair);
         }
+        dispatcher
     }
 
     pub fn config(&self) -> &QueueConfig {
@@ -238,7 +262,10 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         self.remove_pending(&key);
         let circuit = self.intern(&task.namespace, &task.task_type);
         self.circuits[circuit].pending += 1;
+        let tenant = self.intern_tenant(&task.namespace);
+        self.tenants[tenant].pending += 1;
         let lane = Lane {
+            tenant,
             circuit,
             retry: task.attempt > 1,
         };
@@ -286,10 +313,13 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         let state = &mut self.circuits[circuit];
         state.running += 1;
         self.types[state.type_id].running += 1;
+        let tenant = self.intern_tenant(namespace);
+        self.tenants[tenant].running += 1;
         self.running.insert(
             key,
             RunningEntry {
                 circuit,
+                tenant,
                 probe: false,
                 recorded: false,
             },
@@ -354,6 +384,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             return None;
         };
         let bucket = &mut self.buckets[priority.index()];
+        bucket.charge(lane, self.tenants[lane.tenant].weight);
         bucket.remove(lane, queued_at, &key);
         let interval = bucket
             .open_since()
@@ -373,6 +404,13 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         state.running += 1;
         self.types[state.type_id].running += 1;
         let probe = state.breaker.on_dispatch(now);
+        let tenant = &mut self.tenants[lane.tenant];
+        tenant.pending -= 1;
+        tenant.running += 1;
+        if let Some(bucket) = &mut tenant.rate {
+            // `choose` saw a token, so this cannot fail.
+            bucket.try_take(now);
+        }
         if lane.retry {
             // `choose` saw a token, so this cannot fail.
             self.retry_tokens.try_take(now);
@@ -381,6 +419,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             key.clone(),
             RunningEntry {
                 circuit: lane.circuit,
+                tenant: lane.tenant,
                 probe,
                 recorded: false,
             },
@@ -438,6 +477,8 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         self.buckets[entry.priority.index()].remove(entry.lane, entry.queued_at, key);
         self.circuits[entry.lane.circuit].pending -= 1;
         self.release_circuit_if_unused(entry.lane.circuit);
+        self.tenants[entry.lane.tenant].pending -= 1;
+        self.release_tenant_if_unused(entry.lane.tenant);
         true
     }
 
@@ -476,9 +517,13 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             _ => {}
         }
         self.release_circuit_if_unused(entry.circuit);
+        self.tenants[entry.tenant].running -= 1;
+        self.release_tenant_if_unused(entry.tenant);
         true
     }
 }
 
+#[cfg(test)]
+mod fairness_tests;
 #[cfg(test)]
 mod tests;

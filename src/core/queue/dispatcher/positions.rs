@@ -2,7 +2,7 @@
 //! their periodic refresh, and which dispatches count toward the measured pace.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::Hash;
 
 use jiff::Timestamp;
@@ -31,28 +31,59 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         ))
     }
 
-    /// Recomputes the rank of every pending task: one pass per bucket in dispatch order (by
-    /// `queued_at`, then key, as the lanes hold them), O(n log lanes).
+    /// Recomputes the rank of every pending task: one pass per bucket in dispatch order, blocks
+    /// aside. Each group's lanes merge by (`queued_at`, key); the groups (tenants, when the queue is
+    /// fair) take turns as the dispatcher's stride scheduling would. O(n log lanes).
     pub fn refresh_positions(&mut self) {
         let Self {
-            buckets, pending, ..
+            buckets,
+            pending,
+            tenants,
+            ..
         } = self;
         for bucket in buckets.iter() {
-            let mut lanes: Vec<_> = bucket.lanes.values().map(|fifo| fifo.iter()).collect();
-            let mut heads = BinaryHeap::with_capacity(lanes.len());
-            for (index, lane) in lanes.iter_mut().enumerate() {
-                if let Some((at, key)) = lane.next() {
-                    heads.push(Reverse((at, key, index)));
+            let mut groups: Vec<Merge<'_, K>> = Vec::new();
+            let mut group_index = HashMap::new();
+            for (lane, fifo) in &bucket.lanes {
+                let group = bucket.group_of(*lane);
+                let index = *group_index.entry(group).or_insert_with(|| {
+                    groups.push(Merge {
+                        lanes: Vec::new(),
+                        heads: BinaryHeap::new(),
+                        stride: bucket.stride_of(tenants[lane.tenant].weight),
+                    });
+                    groups.len() - 1
+                });
+                let merge = &mut groups[index];
+                let mut lane_iter = fifo.iter();
+                if let Some((at, key)) = lane_iter.next() {
+                    merge.heads.push(Reverse((*at, key, merge.lanes.len())));
                 }
+                merge.lanes.push(lane_iter);
             }
+            // Each group's turn comes at its pass, ties to the lower group id, as in `choose`.
+            let mut turns: BinaryHeap<Reverse<(u64, usize, usize)>> = group_index
+                .iter()
+                .map(|(group, index)| {
+                    let pass = bucket.groups.get(group).map_or(0, |g| g.pass);
+                    Reverse((pass, *group, *index))
+                })
+                .collect();
             let mut rank = bucket.dispatched;
-            while let Some(Reverse((_, key, index))) = heads.pop() {
+            while let Some(Reverse((pass, group, index))) = turns.pop() {
+                let merge = &mut groups[index];
+                let Some(Reverse((_, key, lane))) = merge.heads.pop() else {
+                    continue;
+                };
                 rank += 1;
                 if let Some(entry) = pending.get_mut(key) {
                     entry.rank = rank;
                 }
-                if let Some((at, key)) = lanes[index].next() {
-                    heads.push(Reverse((at, key, index)));
+                if let Some((at, key)) = merge.lanes[lane].next() {
+                    merge.heads.push(Reverse((*at, key, lane)));
+                }
+                if !merge.heads.is_empty() {
+                    turns.push(Reverse((pass + merge.stride, group, index)));
                 }
             }
         }
@@ -67,4 +98,11 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             }
         }
     }
+}
+
+/// One group's lanes, merged by (`queued_at`, key), and what one of its dispatches costs.
+struct Merge<'a, K> {
+    lanes: Vec<std::collections::btree_set::Iter<'a, (Timestamp, K)>>,
+    heads: BinaryHeap<Reverse<(Timestamp, &'a K, usize)>>,
+    stride: u64,
 }

@@ -7,7 +7,6 @@ use std::hash::Hash;
 use jiff::Timestamp;
 
 use super::bucket::Lane;
-use super::circuits::{CircuitState, TypeState};
 use super::{Dispatcher, HeldReason};
 use crate::api::Priority;
 use crate::core::queue::weights::{Weights, effective_weights};
@@ -15,7 +14,7 @@ use crate::core::queue::weights::{Weights, effective_weights};
 impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     /// Why the pending task `key` is not dispatched at `now`; `None` if it is not pending.
     /// A task held for several reasons reports the one most specific to it, in the order
-    /// circuit, type concurrency, retry rate, queue concurrency.
+    /// circuit, type concurrency, key concurrency, key rate, retry rate, queue concurrency.
     /// The task's type is returned with the reason, for messages.
     pub fn held_reason(&self, key: &K, now: Timestamp) -> Option<(HeldReason, &str)> {
         let entry = self.pending.get(key)?;
@@ -25,47 +24,48 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         }
         let retry_token = self.retry_tokens.has_token(now);
         let in_force = self.concurrency_in_force();
-        let reason = lane_blocked(&self.types, &self.circuits, entry.lane, now, retry_token)
-            .unwrap_or(
-                if self.running.len() >= self.effective_concurrency() as usize {
-                    if self
-                        .adaptive_limit
-                        .is_some_and(|adaptive| adaptive < in_force)
-                    {
-                        HeldReason::AdaptiveLimit
-                    } else {
-                        HeldReason::ConcurrencyLimit
-                    }
+        let reason = self.lane_blocked(entry.lane, now, retry_token).unwrap_or(
+            if self.running.len() >= self.effective_concurrency() as usize {
+                if self
+                    .adaptive_limit
+                    .is_some_and(|adaptive| adaptive < in_force)
+                {
+                    HeldReason::AdaptiveLimit
                 } else {
-                    HeldReason::Waiting
-                },
-            );
+                    HeldReason::ConcurrencyLimit
+                }
+            } else {
+                HeldReason::Waiting
+            },
+        );
         let type_id = self.circuits[entry.lane.circuit].type_id;
         Some((reason, self.types[type_id].name.as_str()))
     }
 
     /// The bucket and task to dispatch at `now`, if any, ignoring queue concurrency.
     pub(super) fn choose(&mut self, now: Timestamp) -> Option<(Priority, Timestamp, K, Lane)> {
+        let retry_token = self.retry_tokens.has_token(now);
+        let candidates: [Option<(Timestamp, K, Lane)>; 4] = Priority::ALL.map(|priority| {
+            let bucket = &self.buckets[priority.index()];
+            // The group of the lowest pass with an unblocked head: one tenant's when fair.
+            bucket.order.iter().find_map(|(_, group)| {
+                bucket.groups[group]
+                    .heads
+                    .iter()
+                    .find(|(_, _, lane)| self.lane_blocked(*lane, now, retry_token).is_none())
+                    .cloned()
+            })
+        });
         let Self {
             config,
-            types,
-            circuits,
-            buckets,
-            retry_tokens,
             round_robin,
             ..
         } = self;
-        let retry_token = retry_tokens.has_token(now);
-        let candidates: [Option<&(Timestamp, K, Lane)>; 4] = Priority::ALL.map(|priority| {
-            buckets[priority.index()].heads.iter().find(|(_, _, lane)| {
-                lane_blocked(types, circuits, *lane, now, retry_token).is_none()
-            })
-        });
 
         let overdue = Priority::ALL
             .into_iter()
             .filter_map(|priority| {
-                let (queued_at, _, _) = candidates[priority.index()]?;
+                let (queued_at, _, _) = candidates[priority.index()].as_ref()?;
                 let max_wait = config.max_wait.of(priority)?;
                 (now.duration_since(*queued_at) > max_wait).then_some((*queued_at, priority))
             })
@@ -80,29 +80,29 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
                 smooth_weighted_round_robin(round_robin, weights, eligible)?
             }
         };
-        let (queued_at, key, lane) = candidates[chosen.index()]?;
-        Some((chosen, *queued_at, key.clone(), *lane))
+        let (queued_at, key, lane) = candidates.into_iter().nth(chosen.index())??;
+        Some((chosen, queued_at, key, lane))
     }
 }
 
-/// What holds the tasks of `lane` at `now`, queue concurrency aside.
-fn lane_blocked(
-    types: &[TypeState],
-    circuits: &[CircuitState],
-    lane: Lane,
-    now: Timestamp,
-    retry_token: bool,
-) -> Option<HeldReason> {
-    let circuit = &circuits[lane.circuit];
-    let state = &types[circuit.type_id];
-    if !circuit.breaker.allows(now) {
-        Some(HeldReason::CircuitOpen)
-    } else if state.limit.is_some_and(|limit| state.running >= limit) {
-        Some(HeldReason::TypeConcurrencyLimit)
-    } else if lane.retry && !retry_token {
-        Some(HeldReason::RetryRateLimited)
-    } else {
-        None
+impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
+    /// What holds the tasks of `lane` at `now`, queue concurrency aside.
+    fn lane_blocked(&self, lane: Lane, now: Timestamp, retry_token: bool) -> Option<HeldReason> {
+        let circuit = &self.circuits[lane.circuit];
+        let state = &self.types[circuit.type_id];
+        if !circuit.breaker.allows(now) {
+            Some(HeldReason::CircuitOpen)
+        } else if state.limit.is_some_and(|limit| state.running >= limit) {
+            Some(HeldReason::TypeConcurrencyLimit)
+        } else if self.tenants[lane.tenant].at_limit() {
+            Some(HeldReason::KeyConcurrencyLimit)
+        } else if self.tenants[lane.tenant].out_of_tokens(now) {
+            Some(HeldReason::KeyRateLimit)
+        } else if lane.retry && !retry_token {
+            Some(HeldReason::RetryRateLimited)
+        } else {
+            None
+        }
     }
 }
 

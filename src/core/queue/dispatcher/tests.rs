@@ -10,6 +10,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::core::queue::MaxWait;
 use crate::core::queue::breaker::BreakerConfig;
+use crate::core::queue::config::{Fairness, KeyConcurrency, KeyRate};
 use crate::core::queue::weights::{WeightWindow, Weights, WindowLimits};
 
 fn t(secs: i64) -> Timestamp {
@@ -772,6 +773,9 @@ enum Op {
         concurrency: u32,
         type_limit: u32,
         retry_rate: u32,
+        key_limit: Option<u32>,
+        key_rate: Option<u32>,
+        fair: bool,
     },
 }
 
@@ -799,13 +803,20 @@ fn op() -> impl Strategy<Value = Op> {
             Op::MarkRunning { key, namespace, task_type }
         }),
         2 => (0i64..40).prop_map(Op::Advance),
-        1 => (0u32..8, 0u32..4, 0u32..240).prop_map(|(concurrency, type_limit, retry_rate)| {
-            Op::Limits {
-                concurrency,
-                type_limit,
-                retry_rate,
-            }
-        }),
+        1 => (
+            (0u32..8, 0u32..4, 0u32..240),
+            (proptest::option::of(0u32..3), proptest::option::of(0u32..120), any::<bool>()),
+        )
+            .prop_map(|((concurrency, type_limit, retry_rate), (key_limit, key_rate, fair))| {
+                Op::Limits {
+                    concurrency,
+                    type_limit,
+                    retry_rate,
+                    key_limit,
+                    key_rate,
+                    fair,
+                }
+            }),
     ]
 }
 
@@ -820,9 +831,9 @@ fn namespace_name(namespace: u8) -> String {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// Limits hold at every dispatch (type limits across the namespaces), the chosen task is the
-    /// oldest dispatchable one of its bucket, `held_reason` agrees with `next`, and counts match a
-    /// plain model.
+    /// Limits hold at every dispatch (type limits across the namespaces, key limits per namespace),
+    /// the chosen task is the oldest dispatchable one of its bucket (of its namespace, when the
+    /// queue is fair), `held_reason` agrees with `next`, and counts match a plain model.
     #[test]
     fn dispatch_respects_limits_and_reasons(ops in proptest::collection::vec(op(), 1..300)) {
         let mut config = QueueConfig {
@@ -840,7 +851,8 @@ proptest! {
         let mut dispatcher: Dispatcher<u8> = Dispatcher::new(config.clone());
         let mut now = t(1000);
         let mut pending: HashMap<u8, PendingTask> = HashMap::new();
-        let mut running: BTreeMap<u8, String> = BTreeMap::new();
+        // Running tasks: their type and namespace.
+        let mut running: BTreeMap<u8, (String, String)> = BTreeMap::new();
         for op in ops {
             match op {
                 Op::Upsert { key, priority, namespace, task_type, attempt, queued_back } => {
@@ -861,7 +873,7 @@ proptest! {
                 }
                 Op::MarkRunning { key, namespace, task_type } => {
                     pending.remove(&key);
-                    running.insert(key, type_name(task_type));
+                    running.insert(key, (type_name(task_type), namespace_name(namespace)));
                     dispatcher.mark_running(key, &namespace_name(namespace), &type_name(task_type));
                 }
                 Op::Finish { pick, outcome } => {
@@ -871,10 +883,16 @@ proptest! {
                     }
                 }
                 Op::Advance(secs) => now += SignedDuration::from_secs(secs),
-                Op::Limits { concurrency, type_limit, retry_rate } => {
+                Op::Limits { concurrency, type_limit, retry_rate, key_limit, key_rate, fair } => {
                     config.concurrency = concurrency;
                     config.type_concurrency.insert(type_name(2), type_limit);
                     config.retry_rate_per_minute = retry_rate;
+                    config.key_concurrency = key_limit.map(|limit| KeyConcurrency {
+                        limit: None,
+                        overrides: [(namespace_name(1), limit)].into(),
+                    });
+                    config.fairness = fair.then(Fairness::default);
+                    config.key_rate = key_rate.map(|per_minute| KeyRate { per_minute, burst: 2 });
                     dispatcher.set_config(config.clone(), now);
                 }
                 Op::Next => {
@@ -890,14 +908,19 @@ proptest! {
                             let ahead = waiting.iter().filter(|other| **other != key).filter(|other| {
                                 let other_task = &pending[other];
                                 other_task.priority == chosen.priority
+                                    && (config.fairness.is_none() || other_task.namespace == chosen.namespace)
                                     && (other_task.queued_at, **other) < (chosen.queued_at, key)
                             });
                             prop_assert_eq!(ahead.count(), 0, "FIFO within the bucket");
-                            running.insert(key, chosen.task_type.clone());
+                            running.insert(key, (chosen.task_type.clone(), chosen.namespace.clone()));
                             prop_assert!(running.len() <= config.concurrency as usize);
-                            let of_type = running.values().filter(|name| **name == chosen.task_type).count();
+                            let of_type = running.values().filter(|(name, _)| *name == chosen.task_type).count();
                             if let Some(limit) = config.type_concurrency.get(&chosen.task_type) {
                                 prop_assert!(of_type <= *limit as usize, "type limit exceeded");
+                            }
+                            if let Some(limit) = config.tenant_limit(&chosen.namespace) {
+                                let of_namespace = running.values().filter(|(_, ns)| *ns == chosen.namespace).count();
+                                prop_assert!(of_namespace <= limit as usize, "key limit exceeded");
                             }
                         }
                         None => prop_assert!(

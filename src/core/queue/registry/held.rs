@@ -77,6 +77,17 @@ impl Registry {
                     HeldReason::TypeConcurrencyLimit => {
                         format!("the typeConcurrency of {task_type} in AxQueue {q} is in use")
                     }
+                    HeldReason::KeyConcurrencyLimit => format!(
+                        "the keyConcurrency of namespace {namespace} in AxQueue {q} ({}) is in use",
+                        dispatcher.config().tenant_limit(namespace).unwrap_or(0)
+                    ),
+                    HeldReason::KeyRateLimit => {
+                        let rate = dispatcher.config().key_rate.unwrap_or_default();
+                        format!(
+                            "the keyRate of namespace {namespace} in AxQueue {q} ({}/min, burst {}) is used up",
+                            rate.per_minute, rate.burst
+                        )
+                    }
                     HeldReason::RetryRateLimited => {
                         format!("the retryRatePerMinute of AxQueue {q} is used up")
                     }

@@ -1,0 +1,294 @@
+//! Tenants on one AxQueue, on the real cluster with the operator started by e2e/run-tests.sh: fair
+//! shares between namespaces (`spec.fairness`) and limits per namespace (`spec.keyConcurrency`).
+//! Workers run on simulated nodes (e2e/sim); each test has its own queue and namespaces.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ax::api::{AxTask, Priority, TaskPhase};
+use common::queue::{create_queue, patch_queue, wait_queue};
+use common::sim::{SimWorker, sim_task_with};
+use common::*;
+use jiff::Timestamp;
+use kube::Client;
+use serde_json::json;
+
+fn sim_task(name: &str, queue: &str, millis: u64) -> AxTask {
+    let worker = SimWorker::running_for(millis).start_ms(50);
+    sim_task_with(name, "tenant-work", &worker, |task| {
+        task["spec"]["queue"] = queue.into();
+        task["spec"]["priority"] = Priority::Normal.as_str().into();
+        task["spec"]["retry"] = json!({"maxRetries": 0});
+    })
+}
+
+async fn wait_pending(client: &Client, queue: &str, n: i64) {
+    wait_queue(client, queue, LONG, &format!("{n} pending"), |q| {
+        q.status.as_ref().is_some_and(|s| {
+            let p = &s.pending;
+            p.critical + p.high + p.normal + p.low == n
+        })
+    })
+    .await;
+}
+
+/// When each attempt was dispatched and when it ended, by namespace.
+fn spans(tasks: &[AxTask]) -> Vec<(Timestamp, Timestamp)> {
+    tasks
+        .iter()
+        .flat_map(|t| {
+            t.status
+                .as_ref()
+                .map(|s| s.attempts.clone())
+                .unwrap_or_default()
+        })
+        .map(|a| {
+            let end = a.finished_at.expect("a finished attempt");
+            (a.scheduled_at, end)
+        })
+        .collect()
+}
+
+/// Most attempts that ran at the same instant.
+fn most_at_once(spans: &[(Timestamp, Timestamp)]) -> usize {
+    let mut edges: Vec<(Timestamp, i32)> = spans
+        .iter()
+        .flat_map(|(start, end)| [(*start, 1), (*end, -1)])
+        .collect();
+    // An end and a start at the same instant: the end first.
+    edges.sort();
+    let mut now = 0i32;
+    let mut most = 0i32;
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+/// The share of each namespace among the dispatches made while every namespace still had tasks
+/// waiting (read from `scheduledAt`).
+fn shares_while_all_wait(by_namespace: &BTreeMap<String, Vec<AxTask>>) -> BTreeMap<String, f64> {
+    let mut order: Vec<(Timestamp, &str)> = by_namespace
+        .iter()
+        .flat_map(|(ns, tasks)| {
+            tasks.iter().map(move |t| {
+                let at = t.status.as_ref().and_then(|s| s.scheduled_at);
+                (at.expect("dispatched"), ns.as_str())
+            })
+        })
+        .collect();
+    order.sort();
+    let end = by_namespace
+        .keys()
+        .filter_map(|ns| order.iter().rposition(|(_, n)| *n == ns))
+        .min()
+        .expect("dispatches");
+    let window = &order[..=end];
+    by_namespace
+        .keys()
+        .map(|ns| {
+            let n = window.iter().filter(|(_, n)| *n == ns).count();
+            (ns.clone(), n as f64 / window.len() as f64)
+        })
+        .collect()
+}
+
+/// Three namespaces on one closed fair queue: `first` submits `big` tasks before the two others
+/// submit 30 each; then the queue opens at concurrency 10. Returns the shares while all waited.
+async fn three_tenants(test: &str, weights_of_first: Option<i32>, big: usize) -> Vec<f64> {
+    let client = client().await;
+    let namespaces = [
+        namespace(&client, &format!("{test}-a")).await,
+        namespace(&client, &format!("{test}-b")).await,
+        namespace(&client, &format!("{test}-c")).await,
+    ];
+    let weights = match weights_of_first {
+        Some(w) => json!({ namespaces[0].clone(): w }),
+        None => json!({}),
+    };
+    let queue = create_queue(
+        &client,
+        test,
+        json!({"concurrency": 0, "fairness": {"weights": weights}}),
+    )
+    .await;
+    for (i, ns) in namespaces.iter().enumerate() {
+        let count = if i == 0 { big } else { 30 };
+        let tasks = (0..count)
+            .map(|n| sim_task(&format!("t-{n:03}"), &queue.name, 300))
+            .collect();
+        create_all(&client, ns, tasks).await;
+        // The first namespace's backlog is queued before the others arrive.
+        if i == 0 {
+            wait_pending(&client, &queue.name, big as i64).await;
+        }
+    }
+    wait_pending(&client, &queue.name, (big + 60) as i64).await;
+    patch_queue(&client, &queue.name, json!({"concurrency": 10})).await;
+    let mut by_namespace = BTreeMap::new();
+    for ns in &namespaces {
+        let tasks = wait_all_terminal(&client, ns, Duration::from_secs(300)).await;
+        assert!(tasks.iter().all(|t| phase(t) == Some(TaskPhase::Succeeded)));
+        by_namespace.insert(ns.clone(), tasks);
+    }
+    let shares = shares_while_all_wait(&by_namespace);
+    println!("shares while all three waited: {shares:?}");
+    namespaces.iter().map(|ns| shares[ns]).collect()
+}
+
+#[tokio::test]
+async fn namespaces_share_a_fair_queue_whatever_their_backlog() {
+    let shares = three_tenants("fair-equal", None, 150).await;
+    // A third each, though the first namespace's 150 were all queued before the others' 30.
+    // `scheduledAt` is written by each task's reconcile after its grant; under load a few land out
+    // of grant order, so ±0.1 (FIFO would give the first namespace everything).
+    for share in &shares {
+        assert!((share - 1.0 / 3.0).abs() <= 0.1, "{shares:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_namespace_of_weight_two_gets_half() {
+    let shares = three_tenants("fair-weighted", Some(2), 150).await;
+    assert!((shares[0] - 0.5).abs() <= 0.1, "{shares:?}");
+    assert!((shares[1] - 0.25).abs() <= 0.1, "{shares:?}");
+    assert!((shares[2] - 0.25).abs() <= 0.1, "{shares:?}");
+}
+
+#[tokio::test]
+async fn key_concurrency_limits_one_namespace_and_not_the_others() {
+    let client = client().await;
+    let limited = namespace(&client, "key-limit-x").await;
+    let other = namespace(&client, "key-limit-y").await;
+    let queue = create_queue(
+        &client,
+        "key-limit",
+        json!({
+            "concurrency": 10,
+            "keyConcurrency": {"overrides": { limited.clone(): 2 }},
+        }),
+    )
+    .await;
+    let tasks = |n: usize| {
+        (0..n)
+            .map(|i| sim_task(&format!("t-{i:02}"), &queue.name, 2000))
+            .collect::<Vec<_>>()
+    };
+    create_all(&client, &limited, tasks(12)).await;
+    create_all(&client, &other, tasks(12)).await;
+    // While two of its tasks run, the others of the limited namespace say why they wait.
+    let held = wait_for_reason(&client, &limited, "KeyConcurrencyLimit").await;
+    assert!(
+        held.contains(&format!("namespace {limited}")) && held.contains("keyConcurrency"),
+        "{held}"
+    );
+    let limited_tasks = wait_all_terminal(&client, &limited, Duration::from_secs(300)).await;
+    let other_tasks = wait_all_terminal(&client, &other, Duration::from_secs(300)).await;
+    for t in limited_tasks.iter().chain(&other_tasks) {
+        assert_eq!(phase(t), Some(TaskPhase::Succeeded), "{}", names(t));
+    }
+    let limited_most = most_at_once(&spans(&limited_tasks));
+    let other_most = most_at_once(&spans(&other_tasks));
+    println!("most at once: limited {limited_most}, other {other_most}");
+    assert!(
+        limited_most <= 2,
+        "{limited_most} of the limited namespace ran at once"
+    );
+    // The other namespace filled the slots the limited one could not use.
+    assert!(
+        other_most > 2,
+        "the other namespace ran at most {other_most} at once"
+    );
+}
+
+/// The message of a `Queued` condition of some task in `ns` with that reason.
+async fn wait_for_reason(client: &Client, ns: &str, reason: &str) -> String {
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        for t in tasks_in(client, ns).await {
+            let held = t.status.as_ref().and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == "Queued" && c.reason == reason)
+                    .map(|c| c.message.clone())
+            });
+            if let Some(message) = held {
+                return message;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no task of {ns} was held with reason {reason}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn key_rate_spaces_one_namespaces_dispatches_and_not_the_others() {
+    let client = client().await;
+    let limited = namespace(&client, "key-rate-x").await;
+    let other = namespace(&client, "key-rate-y").await;
+    // One a second per namespace after a burst of 2.
+    let queue = create_queue(
+        &client,
+        "key-rate",
+        json!({"concurrency": 20, "keyRate": {"perMinute": 60, "burst": 2}}),
+    )
+    .await;
+    let tasks = |n: usize| {
+        (0..n)
+            .map(|i| sim_task(&format!("t-{i:02}"), &queue.name, 100))
+            .collect::<Vec<_>>()
+    };
+    create_all(&client, &limited, tasks(8)).await;
+    let held = wait_for_reason(&client, &limited, "KeyRateLimit").await;
+    assert!(
+        held.contains("keyRate") && held.contains("60/min"),
+        "{held}"
+    );
+    // Another namespace, arriving once the first is out of tokens, has a bucket of its own: its
+    // tasks go before the first namespace's backlog is through (a shared bucket would put them
+    // behind all of it, oldest first).
+    create_all(&client, &other, tasks(2)).await;
+    let scheduled = |tasks: &[AxTask]| {
+        let mut at: Vec<Timestamp> = tasks
+            .iter()
+            .map(|t| {
+                assert_eq!(phase(t), Some(TaskPhase::Succeeded), "{}", names(t));
+                t.status
+                    .as_ref()
+                    .and_then(|s| s.scheduled_at)
+                    .expect("dispatched")
+            })
+            .collect();
+        at.sort();
+        at
+    };
+    let limited_at =
+        scheduled(&wait_all_terminal(&client, &limited, Duration::from_secs(300)).await);
+    let other_at = scheduled(&wait_all_terminal(&client, &other, Duration::from_secs(300)).await);
+    println!("limited: {limited_at:?}\nother: {other_at:?}");
+    assert!(
+        other_at[1] < limited_at[7],
+        "the other namespace waited behind the first"
+    );
+    // The burst of 2 goes at once; after it each dispatch waits for the next token, a second
+    // apart. `scheduledAt` is written by each task's reconcile after its grant, so allow 300 ms of
+    // jitter; without the rate all 8 would go within a second.
+    let span = limited_at[7].duration_since(limited_at[0]);
+    assert!(
+        span >= jiff::SignedDuration::from_millis(5_700),
+        "8 dispatches over {span:?}"
+    );
+    for pair in limited_at[1..].windows(2) {
+        let gap = pair[1].duration_since(pair[0]);
+        assert!(
+            gap >= jiff::SignedDuration::from_millis(700),
+            "dispatches {gap:?} apart"
+        );
+    }
+}
