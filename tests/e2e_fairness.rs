@@ -185,6 +185,15 @@ async fn key_concurrency_limits_one_namespace_and_not_the_others() {
         held.contains(&format!("namespace {limited}")) && held.contains("keyConcurrency"),
         "{held}"
     );
+    // The queue's status counts its namespaces' tasks.
+    wait_queue(&client, &queue.name, LONG, "keys counted", |q| {
+        q.status.as_ref().is_some_and(|s| {
+            s.keys
+                .iter()
+                .any(|k| k.key == limited && k.running <= 2 && k.waiting > 0)
+        })
+    })
+    .await;
     let limited_tasks = wait_all_terminal(&client, &limited, Duration::from_secs(300)).await;
     let other_tasks = wait_all_terminal(&client, &other, Duration::from_secs(300)).await;
     for t in limited_tasks.iter().chain(&other_tasks) {

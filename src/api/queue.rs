@@ -496,9 +496,25 @@ pub struct AxQueueStatus {
     /// `concurrencyPolicy: Adaptive` holds it lower.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_concurrency: Option<i64>,
+    /// For a queue with `fairness`, `keyConcurrency` or `keyRate`: its 10 namespaces with the most
+    /// tasks Scheduled, Running or waiting, most first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<QueueKeyStatus>,
     /// The last change of `effectiveConcurrency` made by the adaptive policy, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_concurrency_change: Option<ConcurrencyChange>,
+}
+
+/// One tenant (namespace) of a queue.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueKeyStatus {
+    /// The namespace.
+    pub key: String,
+    /// Its tasks Scheduled or Running.
+    pub running: i64,
+    /// Its tasks waiting for dispatch.
+    pub waiting: i64,
 }
 
 /// The limits a queue applies now.

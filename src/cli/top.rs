@@ -1,7 +1,8 @@
 //! `kubectl ax top`: every AxQueue at a glance, from its status as the operator wrote it: pending
 //! tasks per bucket, running / concurrency, open circuits, retry tokens, dispatched and dead
-//! totals. `--watch` redraws on each change of a queue (an API watch). `queue_row` is pure; `run`
-//! reads (client required).
+//! totals; then, for queues with keys (`fairness`, `keyConcurrency`, `keyRate`), their top
+//! namespaces' running and waiting tasks. `--watch` redraws on each change of a queue (an API
+//! watch). `queue_row` and `render` are pure; `run` reads (client required).
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -60,9 +61,34 @@ pub fn queue_row(queue: &AxQueue) -> Vec<String> {
     ]
 }
 
+pub const KEY_HEADERS: [&str; 4] = ["QUEUE", "KEY", "RUNNING", "WAITING"];
+
 pub fn render(queues: &[AxQueue]) -> String {
     let rows: Vec<Vec<String>> = queues.iter().map(queue_row).collect();
-    format::table(&HEADERS, &rows)
+    let mut text = format::table(&HEADERS, &rows);
+    let keys: Vec<Vec<String>> = queues
+        .iter()
+        .flat_map(|q| {
+            let keys = q
+                .status
+                .as_ref()
+                .map(|s| s.keys.clone())
+                .unwrap_or_default();
+            keys.into_iter().map(move |k| {
+                vec![
+                    q.name_any(),
+                    k.key,
+                    k.running.to_string(),
+                    k.waiting.to_string(),
+                ]
+            })
+        })
+        .collect();
+    if !keys.is_empty() {
+        text.push('\n');
+        text.push_str(&format::table(&KEY_HEADERS, &keys));
+    }
+    text
 }
 
 fn wanted(args: &TopArgs, queue: &AxQueue) -> bool {
@@ -191,6 +217,30 @@ mod tests {
         );
         let text = render(&[q]);
         assert!(text.starts_with("QUEUE"), "{text}");
+        assert!(!text.contains("KEY"), "{text}");
+    }
+
+    #[test]
+    fn a_queue_with_keys_lists_its_top_namespaces_below() {
+        let q: AxQueue = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxQueue",
+            "metadata": {"name": "shared"},
+            "spec": {"concurrency": 10, "fairness": {}},
+            "status": {"running": 3, "keys": [
+                {"key": "team-a", "running": 2, "waiting": 40},
+                {"key": "team-b", "running": 1, "waiting": 0},
+            ]},
+        }))
+        .unwrap();
+        let text = render(&[q]);
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines
+            .iter()
+            .position(|l| l.starts_with("QUEUE") && l.contains("KEY"))
+            .unwrap_or_else(|| panic!("no key table: {text}"));
+        let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(words(lines[header + 1]), ["shared", "team-a", "2", "40"]);
+        assert_eq!(words(lines[header + 2]), ["shared", "team-b", "1", "0"]);
     }
 
     #[test]

@@ -261,6 +261,18 @@ fn report_metrics(ctx: &Ctx, reports: &[QueueReport]) {
             .filter(|r| r.exists)
             .map(|r| (r.name.as_str(), r.effective_concurrency)),
     );
+    ctx.metrics.set_queue_keys(reports.iter().flat_map(|r| {
+        let other = (r.other_keys.running + r.other_keys.waiting > 0).then_some((
+            r.name.as_str(),
+            "other",
+            r.other_keys.running,
+            r.other_keys.waiting,
+        ));
+        r.keys
+            .iter()
+            .map(|k| (r.name.as_str(), k.key.as_str(), k.running, k.waiting))
+            .chain(other)
+    }));
     for report in reports {
         for task_type in &report.open_circuits {
             ctx.metrics.set_circuit_open(&report.name, task_type, true);

@@ -74,6 +74,13 @@ pub struct QueueLabels {
     pub queue: String,
 }
 
+/// A queue's tenant: a namespace, or `other` for the tenants beyond the top ones.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueKeyLabels {
+    pub queue: String,
+    pub key: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueuePriorityLabels {
     pub queue: String,
@@ -230,6 +237,8 @@ pub struct Metrics {
     queue_running: SnapshotGauges<QueueLabels>,
     queue_concurrency: SnapshotGauges<QueueLabels>,
     queue_effective_concurrency: SnapshotGauges<QueueLabels>,
+    queue_key_running: SnapshotGauges<QueueKeyLabels>,
+    queue_key_waiting: SnapshotGauges<QueueKeyLabels>,
     circuit_open: Family<CircuitLabels, Gauge>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
     reconcile_errors: Family<ReconcileErrorLabels, Counter>,
@@ -288,6 +297,8 @@ impl Metrics {
             queue_pending: SnapshotGauges::new(),
             queue_wait: Family::new_with_constructor(wait_histogram),
             queue_running: SnapshotGauges::new(),
+            queue_key_running: SnapshotGauges::new(),
+            queue_key_waiting: SnapshotGauges::new(),
             queue_concurrency: SnapshotGauges::new(),
             queue_effective_concurrency: SnapshotGauges::new(),
             circuit_open: Family::default(),
@@ -374,6 +385,16 @@ impl Metrics {
             "ax_queue_effective_concurrency",
             "Concurrency the dispatcher applies now: ax_queue_concurrency, or less while concurrencyPolicy Adaptive holds the queue lower",
             self.queue_effective_concurrency.family.clone(),
+        );
+        r.register(
+            "ax_queue_key_running",
+            "Tasks of each queue's top namespaces holding a slot (queues with fairness, keyConcurrency or keyRate; the rest as key=\"other\")",
+            self.queue_key_running.family.clone(),
+        );
+        r.register(
+            "ax_queue_key_waiting",
+            "Tasks of each queue's top namespaces waiting for dispatch (the rest as key=\"other\")",
+            self.queue_key_waiting.family.clone(),
         );
         r.register(
             "ax_circuit_open",
@@ -551,6 +572,26 @@ impl Metrics {
                 };
                 (labels, usize::try_from(value).unwrap_or(usize::MAX))
             }));
+    }
+
+    /// Replaces all of `ax_queue_key_running` and `ax_queue_key_waiting` with
+    /// `(queue, key, running, waiting)`.
+    pub fn set_queue_keys<'a>(
+        &self,
+        keys: impl IntoIterator<Item = (&'a str, &'a str, usize, usize)>,
+    ) {
+        let (running, waiting): (Vec<_>, Vec<_>) = keys
+            .into_iter()
+            .map(|(queue, key, running, waiting)| {
+                let labels = QueueKeyLabels {
+                    queue: queue.to_owned(),
+                    key: key.to_owned(),
+                };
+                ((labels.clone(), running), (labels, waiting))
+            })
+            .unzip();
+        self.queue_key_running.replace(running);
+        self.queue_key_waiting.replace(waiting);
     }
 
     /// A task left its queue bucket after waiting `wait`.

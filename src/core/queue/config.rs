@@ -156,6 +156,12 @@ impl QueueConfig {
             .unwrap_or(1)
     }
 
+    /// Whether the queue treats its tenants apart (`fairness`, `keyConcurrency` or `keyRate`): its
+    /// status and metrics then count tasks per tenant.
+    pub fn has_keys(&self) -> bool {
+        self.fairness.is_some() || self.key_concurrency.is_some() || self.key_rate.is_some()
+    }
+
     /// The `keyConcurrency` limit of tenant `name`, if it has one.
     pub fn tenant_limit(&self, name: &str) -> Option<u32> {
         let limits = self.key_concurrency.as_ref()?;

@@ -6,7 +6,7 @@ use super::breaker::BreakerState;
 use super::registry::QueueReport;
 use crate::api::{
     ActiveWindow, AxQueueStatus, CircuitStatus, ConcurrencyChange, PendingCounts, Priority,
-    QueueLimits,
+    QueueKeyStatus, QueueLimits,
 };
 use crate::core::conditions::{self, INVALID_SPEC, reason};
 
@@ -92,6 +92,15 @@ pub fn queue_status(report: &QueueReport, before: &AxQueueStatus, now: Timestamp
                 time_zone: zone.clone(),
             }),
         effective_concurrency: Some(i64::from(report.effective_concurrency)),
+        keys: report
+            .keys
+            .iter()
+            .map(|k| QueueKeyStatus {
+                key: k.key.clone(),
+                running: i64::try_from(k.running).unwrap_or(i64::MAX),
+                waiting: i64::try_from(k.waiting).unwrap_or(i64::MAX),
+            })
+            .collect(),
         last_concurrency_change: report.last_change.as_ref().map(|(time, change)| {
             ConcurrencyChange {
                 time: *time,

@@ -55,6 +55,7 @@ use super::token_bucket::TokenBucket;
 use crate::api::Priority;
 use bucket::{Bucket, Lane};
 use circuits::{CircuitId, CircuitState, TypeId, TypeState};
+pub use tenants::KeyCount;
 use tenants::{TenantId, TenantIds, TenantState};
 
 /// A task waiting to be dispatched.

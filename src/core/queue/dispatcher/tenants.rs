@@ -49,6 +49,14 @@ impl TenantState {
     }
 }
 
+/// One tenant's tasks: dispatched and not finished, and waiting.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyCount {
+    pub key: String,
+    pub running: usize,
+    pub waiting: usize,
+}
+
 /// Tenant ids by name, the ids free for reuse, and the token buckets of released tenants.
 #[derive(Debug, Default)]
 pub(super) struct TenantIds {
@@ -125,6 +133,38 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         };
         self.tenant_ids.by_name.insert(name.to_string(), id);
         id
+    }
+
+    /// The `top` tenants by running + waiting tasks (ties by name), and the others summed up
+    /// (`key` empty). O(tenants), for the periodic report.
+    pub fn key_counts(&self, top: usize) -> (Vec<KeyCount>, KeyCount) {
+        let mut counts: Vec<KeyCount> = self
+            .tenant_ids
+            .by_name
+            .values()
+            .map(|id| {
+                let state = &self.tenants[*id];
+                KeyCount {
+                    key: state.name.clone(),
+                    running: state.running as usize,
+                    waiting: state.pending,
+                }
+            })
+            .collect();
+        counts.sort_by(|a, b| {
+            (b.running + b.waiting)
+                .cmp(&(a.running + a.waiting))
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        let rest = counts.split_off(top.min(counts.len()));
+        let other = rest
+            .into_iter()
+            .fold(KeyCount::default(), |sum, c| KeyCount {
+                key: String::new(),
+                running: sum.running + c.running,
+                waiting: sum.waiting + c.waiting,
+            });
+        (counts, other)
     }
 
     /// Forgets a tenant with no pending or running task.

@@ -9,7 +9,7 @@ use super::{Availability, Registry};
 use crate::api::Priority;
 use crate::core::queue::adaptive::Change;
 use crate::core::queue::config::LimitsInForce;
-use crate::core::queue::dispatcher::OpenCircuit;
+use crate::core::queue::dispatcher::{KeyCount, OpenCircuit};
 
 /// What `AxQueue.status` and the metrics report about one queue.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,7 +41,14 @@ pub struct QueueReport {
     pub retry_tokens: u32,
     pub invalid: Option<String>,
     pub generation: Option<i64>,
+    /// For a queue with keys (`QueueConfig::has_keys`): its top `TOP_KEYS` tenants, and the
+    /// others summed up; empty and zero otherwise.
+    pub keys: Vec<KeyCount>,
+    pub other_keys: KeyCount,
 }
+
+/// How many tenants a queue's status and metrics name; the others are summed up as `other`.
+pub const TOP_KEYS: usize = 10;
 
 impl Registry {
     /// What each queue the registry knows reports at `now`.
@@ -50,6 +57,11 @@ impl Registry {
             .iter()
             .map(|(name, entry)| {
                 let stats = entry.dispatcher.stats(now);
+                let (keys, other_keys) = if entry.dispatcher.config().has_keys() {
+                    entry.dispatcher.key_counts(TOP_KEYS)
+                } else {
+                    (Vec::new(), KeyCount::default())
+                };
                 let exists = entry.availability != Availability::NotFound;
                 let config = entry.dispatcher.config();
                 let limits = config.limits_at(now);
@@ -90,6 +102,8 @@ impl Registry {
                     retry_tokens: stats.retry_tokens,
                     invalid: entry.invalid.as_ref().map(|e| e.to_string()),
                     generation: entry.generation,
+                    keys,
+                    other_keys,
                 }
             })
             .collect()
