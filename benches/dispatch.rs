@@ -7,36 +7,39 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use ax::api::Priority;
+use ax::core::queue::config::Fairness;
 use ax::core::queue::{Dispatcher, Outcome, PendingTask, QueueConfig};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use jiff::{SignedDuration, Timestamp};
 
 const TYPES: u64 = 50;
 
-fn task_of(key: u64, queued_at: Timestamp) -> PendingTask {
+/// Task `key`, in one of `namespaces` namespaces.
+fn task_of(key: u64, namespaces: u64, queued_at: Timestamp) -> PendingTask {
     PendingTask {
         priority: Priority::ALL[(key % 4) as usize],
-        namespace: "bench".to_string(),
+        namespace: format!("ns-{}", key % namespaces),
         task_type: format!("type-{}", key % TYPES),
         queued_at,
         // Every tenth task is a retry and takes a token.
         attempt: if key.is_multiple_of(10) { 2 } else { 1 },
+        preemptible: true,
     }
 }
 
-fn filled(pending: u64, config: QueueConfig, start: Timestamp) -> Dispatcher<u64> {
+fn filled(pending: u64, namespaces: u64, config: QueueConfig, start: Timestamp) -> Dispatcher<u64> {
     let mut dispatcher = Dispatcher::new(config);
     for key in 0..pending {
-        dispatcher.upsert(key, task_of(key, start));
+        dispatcher.upsert(key, task_of(key, namespaces, start));
     }
     dispatcher
 }
 
-fn cycle(dispatcher: &mut Dispatcher<u64>, now: &mut Timestamp) {
+fn cycle(dispatcher: &mut Dispatcher<u64>, namespaces: u64, now: &mut Timestamp) {
     *now += SignedDuration::from_micros(1);
     if let Some(key) = dispatcher.next(*now) {
         dispatcher.finished(&key, Outcome::Succeeded, *now);
-        dispatcher.upsert(key, task_of(key, *now));
+        dispatcher.upsert(key, task_of(key, namespaces, *now));
     }
 }
 
@@ -55,16 +58,23 @@ fn bench_dispatch(c: &mut Criterion) {
             .insert(format!("type-{type_index}"), 0);
     }
 
+    // Fair shares between 10,000 namespaces: the stride order keeps each dispatch O(log n).
+    let fair = QueueConfig {
+        fairness: Some(Fairness::default()),
+        ..open.clone()
+    };
+
     let mut group = c.benchmark_group("next_finished_upsert");
     for pending in [1_000u64, 10_000, 100_000] {
-        for (name, config) in [
-            ("all_types_open", &open),
-            ("fifth_of_types_blocked", &blocked),
+        for (name, config, namespaces) in [
+            ("all_types_open", &open, 1),
+            ("fifth_of_types_blocked", &blocked, 1),
+            ("fair_10000_namespaces", &fair, 10_000),
         ] {
-            let mut dispatcher = filled(pending, config.clone(), start);
+            let mut dispatcher = filled(pending, namespaces, config.clone(), start);
             let mut now = start;
             group.bench_with_input(BenchmarkId::new(name, pending), &pending, |b, _| {
-                b.iter(|| cycle(black_box(&mut dispatcher), &mut now));
+                b.iter(|| cycle(black_box(&mut dispatcher), namespaces, &mut now));
             });
             assert_eq!(dispatcher.pending_len() as u64, pending);
         }

@@ -105,6 +105,63 @@ pub struct AxQueueSpec {
     /// wait (`Queued` reason `KeyRateLimit`) without holding up other namespaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_rate: Option<KeyRateSpec>,
+
+    /// Whether urgent tasks may stop lower-priority running ones when the queue is full.
+    #[serde(default, skip_serializing_if = "PreemptionSpec::is_default")]
+    pub preemption: PreemptionSpec,
+}
+
+/// `spec.preemption`: when a Critical or High task has waited `afterSeconds` in a full queue, the
+/// running attempt of the lowest priority (the most recently dispatched of them) is stopped to free
+/// its slot (Kueue's `withinClusterQueue: LowerPriority`).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptionSpec {
+    /// `Never` (default) or `LowerPriority`.
+    #[serde(default)]
+    pub within_queue: PreemptionPolicy,
+    /// How long a Critical or High task waits for a slot before one is taken for it.
+    #[serde(default = "default_preempt_after")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub after_seconds: i32,
+    /// Most attempts stopped this way in any minute.
+    #[serde(default = "default_preempt_per_minute")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_per_minute: i32,
+}
+
+/// Whether running tasks of lower priority may be stopped for waiting Critical or High ones.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PreemptionPolicy {
+    /// Nothing is stopped: urgent tasks wait for a slot like the others.
+    #[default]
+    Never,
+    /// A running attempt of a lower priority than the waiting task may be stopped.
+    LowerPriority,
+}
+
+impl Default for PreemptionSpec {
+    fn default() -> Self {
+        Self {
+            within_queue: PreemptionPolicy::Never,
+            after_seconds: default_preempt_after(),
+            max_per_minute: default_preempt_per_minute(),
+        }
+    }
+}
+
+impl PreemptionSpec {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+fn default_preempt_after() -> i32 {
+    60
+}
+
+fn default_preempt_per_minute() -> i32 {
+    6
 }
 
 /// `spec.keyRate`: a token bucket of dispatches per tenant (namespace).
@@ -192,6 +249,7 @@ impl Default for AxQueueSpec {
             fairness: None,
             key_concurrency: None,
             key_rate: None,
+            preemption: PreemptionSpec::default(),
         }
     }
 }

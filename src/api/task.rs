@@ -85,6 +85,12 @@ pub struct AxTaskSpec {
     #[serde(default, skip_serializing_if = "is_false")]
     pub suspend: bool,
 
+    /// Whether a Critical or High task waiting in a queue with `preemption.withinQueue:
+    /// LowerPriority` may stop this task's running attempt (default true). A stopped attempt ends
+    /// Failed with reason `Preempted`, uses no `maxRetries`, and the task waits in its queue again.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub preemptible: bool,
+
     /// Where to POST the final status when the task ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<CallbackSpec>,
@@ -466,6 +472,14 @@ impl AxTaskStatus {
 
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -44,10 +44,13 @@ pub async fn run(ctx: Ctx) {
             _ = sweep.tick() => sweep_deleted(&ctx),
         }
         let now = Timestamp::now();
-        let (granted, held) = {
+        let (granted, held, preempted) = {
             let mut queues = ctx.queues.lock();
             let granted: Vec<TaskKey> =
                 std::iter::from_fn(|| queues.next(now).map(|(key, _)| key)).collect();
+            // Only full queues preempt: after the grants, a queue that still has a free slot
+            // needs none.
+            let preempted = queues.preemptions(now);
             // After the grants, what holds the rest describes a settled state.
             let refresh = last_refresh.elapsed() >= HELD_REFRESH_EVERY;
             let held = refresh.then(|| {
@@ -55,9 +58,14 @@ pub async fn run(ctx: Ctx) {
                     words_change(&ctx, key, reason, estimate, now).is_some()
                 })
             });
-            (granted, held)
+            (granted, held, preempted)
         };
         for key in &granted {
+            ctx.wake(key);
+        }
+        for (key, queue) in &preempted {
+            info!(namespace = %key.0, name = %key.1, queue = %queue, "preempting a running attempt for a waiting task of higher priority");
+            ctx.metrics.preempted(queue);
             ctx.wake(key);
         }
         if let Some(held) = held {
@@ -134,10 +142,23 @@ async fn start(ctx: &Ctx) {
                 pending.then(|| settled.facts.pending(&namespace)),
             ),
         };
+        let (priority, preemptible, scheduled_at) = match task.as_ref() {
+            CachedTask::Whole(whole) => (
+                whole.spec.priority,
+                whole.spec.preemptible,
+                whole.status.as_ref().and_then(|s| s.scheduled_at),
+            ),
+            CachedTask::Settled(settled) => {
+                (settled.facts.priority, settled.facts.preemptible, None)
+            }
+        };
         Cached {
             key: TaskKey::new((namespace, task.name_any())),
             queue: task.queue(),
             task_type: task.task_type(),
+            priority,
+            preemptible,
+            scheduled_at,
             phase: task.phase(),
             cancel,
             next_attempt_at,

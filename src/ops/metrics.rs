@@ -238,6 +238,7 @@ pub struct Metrics {
     queue_concurrency: SnapshotGauges<QueueLabels>,
     queue_effective_concurrency: SnapshotGauges<QueueLabels>,
     queue_key_running: SnapshotGauges<QueueKeyLabels>,
+    preemptions: Family<QueueLabels, Counter>,
     queue_key_waiting: SnapshotGauges<QueueKeyLabels>,
     circuit_open: Family<CircuitLabels, Gauge>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
@@ -298,6 +299,7 @@ impl Metrics {
             queue_wait: Family::new_with_constructor(wait_histogram),
             queue_running: SnapshotGauges::new(),
             queue_key_running: SnapshotGauges::new(),
+            preemptions: Family::default(),
             queue_key_waiting: SnapshotGauges::new(),
             queue_concurrency: SnapshotGauges::new(),
             queue_effective_concurrency: SnapshotGauges::new(),
@@ -385,6 +387,11 @@ impl Metrics {
             "ax_queue_effective_concurrency",
             "Concurrency the dispatcher applies now: ax_queue_concurrency, or less while concurrencyPolicy Adaptive holds the queue lower",
             self.queue_effective_concurrency.family.clone(),
+        );
+        r.register(
+            "ax_preemptions",
+            "Running attempts a queue stopped for waiting tasks of higher priority (preemption LowerPriority)",
+            self.preemptions.clone(),
         );
         r.register(
             "ax_queue_key_running",
@@ -494,6 +501,15 @@ impl Metrics {
     }
 
     /// An attempt of a task of `task_type` ended in phase `outcome` after running for `duration`.
+    /// `queue` chose a running attempt to stop for a waiting task of higher priority.
+    pub fn preempted(&self, queue: &str) {
+        self.preemptions
+            .get_or_create(&QueueLabels {
+                queue: queue.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn task_finished(&self, task_type: &str, outcome: &str, duration: Duration) {
         self.task_duration
             .get_or_create(&OutcomeLabels {

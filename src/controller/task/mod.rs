@@ -23,7 +23,7 @@ use super::cache::{CachedTask, SettledTask};
 use super::write::{self, ApiError};
 use super::{Ctx, Error, Result, TaskKey, cache, task_key, version_of};
 use crate::api::AxTask;
-use crate::core::queue::pending_of;
+use crate::core::queue::{holder, pending_of};
 use crate::core::task::{self as core, Action, Clock, Decision, Inputs, QueueState, Refusal};
 use crate::core::worker::WorkerState;
 use pods::{
@@ -197,12 +197,13 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
                 .collect::<Vec<_>>(),
         );
         let clock = clock(&ctx);
-        let (granted, held, draining) = {
+        let (granted, held, draining, preempted) = {
             let queues = ctx.queues.lock();
             (
                 queues.is_granted(&key),
                 queues.held_reason(&key, clock.now),
                 queues.drains(&current.spec.queue),
+                queues.is_preempted(&key),
             )
         };
         let name = current.name_any();
@@ -220,6 +221,7 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
                 .as_ref()
                 .map(|(reason, message)| (*reason, message.as_str())),
             draining,
+            preempted,
             refused: refused.as_ref(),
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
             progress_write_delay: ctx.progress_write_delay,
@@ -229,9 +231,11 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
             debug!(
                 "a pod of a later attempt than this status knows exists; waiting for the task's newer version"
             );
-            ctx.queues
-                .lock()
-                .hold(&key, &current.spec.queue, &current.spec.task_type);
+            ctx.queues.lock().hold(
+                &key,
+                &current.spec.queue,
+                holder(&current.spec, current.status.as_ref()),
+            );
             return Ok(Requeue::requeue(core::BEHIND_RETRY));
         }
         if let Some(attempt) = decision.assumes_gone.filter(|a| !asked.contains(a)) {
@@ -522,7 +526,7 @@ fn update_queue(key: &TaskKey, task: &AxTask, decision: &Decision, ctx: &Ctx) {
             true
         }
         QueueState::Holding => {
-            queues.hold(key, &spec.queue, &spec.task_type);
+            queues.hold(key, &spec.queue, holder(spec, Some(&decision.status)));
             false
         }
         QueueState::Waiting | QueueState::Done => queues.remove(key),

@@ -9,8 +9,8 @@ use jiff::SignedDuration;
 use super::breaker::BreakerConfig;
 use super::weights::{WeightWindow, Weights, WindowLimits, window_in_force};
 use crate::api::{
-    AxQueueSpec, ConcurrencyMode, FairnessSpec, KeyConcurrencySpec, KeyRateSpec, Priority,
-    QueueWeights, StopPolicy,
+    AxQueueSpec, ConcurrencyMode, FairnessSpec, KeyConcurrencySpec, KeyRateSpec, PreemptionPolicy,
+    PreemptionSpec, Priority, QueueWeights, StopPolicy,
 };
 use crate::core::selector::{self, Selector, SelectorError};
 
@@ -70,6 +70,17 @@ pub struct QueueConfig {
     pub key_concurrency: Option<KeyConcurrency>,
     /// Most dispatches of one tenant per minute, with a burst; `None`: no such limit.
     pub key_rate: Option<KeyRate>,
+    /// `preemption.withinQueue: LowerPriority`; `None`: `Never`.
+    pub preemption: Option<Preemption>,
+}
+
+/// `spec.preemption` when it is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preemption {
+    /// How long a Critical or High task waits in a full queue before a slot is taken for it.
+    pub after: SignedDuration,
+    /// Most attempts stopped in any minute.
+    pub max_per_minute: u32,
 }
 
 /// `spec.keyRate`: a token bucket per tenant.
@@ -193,6 +204,7 @@ impl Default for QueueConfig {
             fairness: None,
             key_concurrency: None,
             key_rate: None,
+            preemption: None,
         }
     }
 }
@@ -344,7 +356,20 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
             .map(key_concurrency_of)
             .transpose()?,
         key_rate: spec.key_rate.as_ref().map(key_rate_of).transpose()?,
+        preemption: preemption_of(&spec.preemption)?,
     })
+}
+
+fn preemption_of(spec: &PreemptionSpec) -> Result<Option<Preemption>, QueueSpecError> {
+    if spec.within_queue == PreemptionPolicy::Never {
+        return Ok(None);
+    }
+    let after = non_negative(spec.after_seconds, "spec.preemption.afterSeconds")?;
+    let max_per_minute = non_negative(spec.max_per_minute, "spec.preemption.maxPerMinute")?.max(1);
+    Ok(Some(Preemption {
+        after: SignedDuration::from_secs(i64::from(after)),
+        max_per_minute,
+    }))
 }
 
 fn key_rate_of(spec: &KeyRateSpec) -> Result<KeyRate, QueueSpecError> {

@@ -19,8 +19,8 @@ pub mod weights;
 
 pub use adaptive::{AdaptiveConcurrency, Change, Observation};
 pub use config::{LimitsInForce, MaxWait, QueueConfig, QueueSpecError, queue_config};
-pub use dispatcher::{Dispatcher, HeldReason, Outcome, PendingTask, QueueStats};
+pub use dispatcher::{Dispatcher, HeldReason, Holder, Outcome, PendingTask, QueueStats};
 pub use registry::{
-    Cached, Held, QueueReport, Registry, TaskKey, pending_of, pending_task, rebuild,
+    Cached, Held, QueueReport, Registry, TaskKey, holder, pending_of, pending_task, rebuild,
 };
 pub use status::queue_status;

@@ -189,6 +189,15 @@ pub fn step(d: &mut Decision, event: Event, inputs: &Inputs, clock: &Clock) -> b
             );
             fail(d, Failed, failure, now, op);
         }
+        (Some(Scheduled | Running), Event::Preempted) => {
+            let message = format!(
+                "AxQueue {} preempted attempt {} for a waiting task of higher priority (preemption LowerPriority); it waits in the queue again",
+                inputs.spec.queue, d.status.attempt
+            );
+            // Not the worker's fault: retried without using maxRetries, like a drain.
+            let failure = failure(d, FailureKind::Infrastructure, Reason::Preempted, message);
+            fail(d, Failed, failure, now, op);
+        }
         (Some(Scheduled | Running), Event::SoftTimeoutNotAlive(why)) => {
             let failure = failure(d, FailureKind::Timeout, Reason::SoftTimeout, why);
             fail(d, TimedOut, failure, now, op);

@@ -86,6 +86,8 @@ pub struct Inputs<'a> {
     pub held: Option<(HeldReason, &'a str)>,
     /// The task's queue is draining (`stopPolicy: HoldAndDrain`): a dispatched attempt is stopped.
     pub draining: bool,
+    /// The queue chose the task's running attempt to stop for a waiting task of higher priority.
+    pub preempted: bool,
     /// The API server refused the current attempt's worker pod.
     pub refused: Option<&'a Refusal>,
     /// The outcome of a callback delivery to record.
@@ -116,6 +118,7 @@ impl<'a> Inputs<'a> {
             granted: false,
             held: None,
             draining: false,
+            preempted: false,
             refused: None,
             callback: None,
             progress_write_delay: Duration::ZERO,

@@ -54,6 +54,9 @@ pub enum Event {
     SoftTimeoutNotAlive(String),
     /// The queue drains (`stopPolicy: HoldAndDrain`) and the attempt has no outcome yet.
     Drained,
+    /// The queue preempts the attempt for a waiting task of higher priority, and it has no
+    /// outcome yet.
+    Preempted,
     WorkersStopped,
 }
 
@@ -190,6 +193,7 @@ pub fn observe(
             }
             in_flight(inputs, status, current_pod(status, inputs.pods), now)
                 .or(inputs.draining.then_some(Event::Drained))
+                .or(inputs.preempted.then_some(Event::Preempted))
         }
         TaskPhase::Failed | TaskPhase::TimedOut => {
             if spec.cancel {

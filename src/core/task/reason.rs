@@ -44,6 +44,9 @@ pub enum Reason {
     PodNeverAppeared,
     /// The task's queue is draining (`stopPolicy: HoldAndDrain`): the attempt was stopped.
     QueueDrained,
+    /// The attempt was stopped to free a slot for a waiting task of higher priority
+    /// (`preemption.withinQueue: LowerPriority`).
+    Preempted,
 
     // Disruptions (the pod's own status reason or `DisruptionTarget` condition).
     Evicted,
@@ -94,6 +97,7 @@ impl Reason {
             PodFailed => "PodFailed",
             WorkerDeleted => "WorkerDeleted",
             QueueDrained => "QueueDrained",
+            Preempted => "Preempted",
             PodNeverAppeared => "PodNeverAppeared",
             Evicted => "Evicted",
             NodeLost => "NodeLost",
@@ -146,7 +150,7 @@ impl Reason {
     }
 
     /// Every reason, for tests and documentation.
-    pub const ALL: [Reason; 36] = {
+    pub const ALL: [Reason; 37] = {
         use Reason::*;
         [
             Queued,
@@ -168,6 +172,7 @@ impl Reason {
             WorkerDeleted,
             PodNeverAppeared,
             QueueDrained,
+            Preempted,
             Evicted,
             NodeLost,
             NodeShutdown,

@@ -38,6 +38,7 @@ pub struct Settled {
     pub queue: String,
     pub task_type: String,
     pub priority: Priority,
+    pub preemptible: bool,
     /// Pending (never dispatched) or final.
     pub phase: TaskPhase,
     /// The last attempt (0 for a waiting task): its pods are named up to it.
@@ -105,6 +106,7 @@ impl Settled {
             queue: spec.queue.clone(),
             task_type: spec.task_type.clone(),
             priority: spec.priority,
+            preemptible: spec.preemptible,
             phase,
             attempt: status.attempt,
             observed_generation: status.observed_generation,
@@ -181,6 +183,7 @@ impl Settled {
                 .or(self.created)
                 .unwrap_or(Timestamp::UNIX_EPOCH),
             attempt: 1,
+            preemptible: self.preemptible,
         }
     }
 

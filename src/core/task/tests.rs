@@ -710,6 +710,35 @@ fn a_draining_queue_stops_the_attempt_without_using_a_retry_and_it_waits_for_the
 }
 
 #[test]
+fn a_preempted_attempt_stops_without_using_a_retry_and_waits_in_the_queue_again() {
+    let s = spec();
+    let running = running(&s);
+    let d = decide_with(&s, &running, &[pod(1, Run)], t(5), |i| i.preempted = true);
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Failed, Reason::Preempted)]
+    );
+    assert_eq!(kills(&d).len(), 1, "the worker is stopped: {:?}", d.actions);
+    let failure = d.status.last_failure.clone().unwrap();
+    assert_eq!(failure.kind, FailureKind::Infrastructure);
+    assert!(failure.message.contains("preempted"), "{}", failure.message);
+    assert_eq!(
+        d.outcome,
+        Some(Outcome::Aborted),
+        "not a failure of the type"
+    );
+    // Once its pod is gone it waits Pending again, its maxRetries untouched.
+    let d = decide_with(&s, &d.status, &[], t(20), |i| i.preempted = true);
+    assert_eq!(d.status.phase, Some(Pending));
+    assert_eq!((d.status.retries, d.status.infrastructure_retries), (0, 1));
+    // A worker that already exited 0 keeps its success; a Pending task is not touched.
+    let d = decide_with(&s, &running, &[pod(1, Exited(0))], t(5), |i| {
+        i.preempted = true
+    });
+    assert_eq!(d.status.phase, Some(Succeeded));
+}
+
+#[test]
 fn a_pending_task_whose_next_attempts_pod_exists_takes_the_attempt_up_with_it() {
     // The pod was created beside the dispatch's status write, which did not land.
     let s = spec();
@@ -1755,6 +1784,8 @@ enum World {
     Suspend(bool),
     /// The task's queue starts or stops draining (`stopPolicy: HoldAndDrain`).
     Drain(bool),
+    /// The task's queue chooses, or stops choosing, its running attempt to preempt.
+    Preempt(bool),
     /// The next decision's status write does not land (a conflict, the operator stops); the pod it
     /// created beside the write does.
     LoseWrite,
@@ -1774,6 +1805,7 @@ fn arb_world() -> impl Strategy<Value = World> {
         1 => Just(World::Cancel),
         1 => any::<bool>().prop_map(World::Suspend),
         1 => any::<bool>().prop_map(World::Drain),
+        1 => any::<bool>().prop_map(World::Preempt),
         2 => Just(World::LoseWrite),
         2 => Just(World::PaceProgress),
     ]
@@ -1838,6 +1870,7 @@ proptest! {
         let mut now = 0i64;
         let mut drop_kills = false;
         let mut draining = false;
+        let mut preempted = false;
         for step in steps {
             let mut lose_write = false;
             let mut pace = false;
@@ -1870,12 +1903,14 @@ proptest! {
                 World::Cancel => spec.cancel = true,
                 World::Suspend(on) => spec.suspend = on,
                 World::Drain(on) => draining = on,
+                World::Preempt(on) => preempted = on,
                 World::LoseWrite => lose_write = true,
                 World::PaceProgress => pace = true,
             }
             let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
             inputs.granted = !draining;
             inputs.draining = draining;
+            inputs.preempted = preempted;
             inputs.progress_write_delay = Duration::from_secs(write_delay);
             let d = decide(&inputs, &clock(t(now)));
             for e in &d.transitions {

@@ -20,6 +20,7 @@ fn task(namespace: &str, queued_at: Timestamp) -> PendingTask {
         task_type: "work".to_string(),
         queued_at,
         attempt: 1,
+        preemptible: true,
     }
 }
 

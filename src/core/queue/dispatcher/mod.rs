@@ -41,10 +41,12 @@ mod bucket;
 mod circuits;
 mod limits;
 mod positions;
+mod preemption;
 mod selection;
 mod tenants;
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
 use jiff::Timestamp;
@@ -68,6 +70,19 @@ pub struct PendingTask {
     pub queued_at: Timestamp,
     /// The attempt this dispatch would start (1 = first); above 1 it is a retry and needs a token.
     pub attempt: u32,
+    /// Whether its running attempt may be stopped for a waiting task of higher priority.
+    pub preemptible: bool,
+}
+
+/// A task holding a slot the dispatcher did not grant (dispatched before a restart, or by an earlier
+/// leader): what `mark_running` needs to count it and, when preemptible, to choose it as a victim.
+#[derive(Debug, Clone, Copy)]
+pub struct Holder<'a> {
+    pub task_type: &'a str,
+    pub priority: Priority,
+    pub preemptible: bool,
+    /// When its attempt was dispatched.
+    pub since: Timestamp,
 }
 
 /// How a dispatched task ended, as far as the dispatcher cares.
@@ -179,12 +194,17 @@ struct PendingEntry {
     /// `rank - dispatched`.
     rank: u64,
     attempt: u32,
+    preemptible: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct RunningEntry {
     circuit: CircuitId,
     tenant: TenantId,
+    priority: Priority,
+    /// When it was dispatched: of two victims of one priority, the later goes.
+    since: Timestamp,
+    preemptible: bool,
     /// The half-open probe of its circuit's breaker.
     probe: bool,
     /// Its outcome already fed the breaker; releasing the slot later only frees it.
@@ -214,6 +234,14 @@ pub struct Dispatcher<K> {
     window: Option<usize>,
     /// A lower concurrency limit set by the adaptive policy, if any.
     adaptive_limit: Option<u32>,
+    /// Running preemptible tasks, the first victim first: lowest priority, then latest dispatched.
+    victims: BTreeSet<(Reverse<usize>, Reverse<Timestamp>, K)>,
+    /// Running tasks chosen as victims whose slots are not free yet.
+    preempting: HashSet<K>,
+    /// When the preemptions of the last minute were decided, oldest first.
+    preempted_at: VecDeque<Timestamp>,
+    /// The bucket a preemption freed a slot for: its next task takes the next free slot.
+    reserved: Option<Priority>,
 }
 
 impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
@@ -238,6 +266,10 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             dispatched: 0,
             window: None,
             adaptive_limit: None,
+            victims: BTreeSet::new(),
+            preempting: HashSet::new(),
+            preempted_at: VecDeque::new(),
+            reserved: None,
         };
         for bucket in &mut dispatcher.buckets {
             bucket.set_fair(fair);
@@ -281,6 +313,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
                 queued_at: task.queued_at,
                 rank,
                 attempt: task.attempt,
+                preemptible: task.preemptible,
             },
         );
     }
@@ -295,6 +328,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             task_type: self.types[circuit.type_id].name.clone(),
             queued_at: entry.queued_at,
             attempt: entry.attempt,
+            preemptible: entry.preemptible,
         };
         self.remove_pending(key);
         Some(task)
@@ -307,20 +341,27 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 
     /// Counts a task as dispatched and unfinished without dispatching it: used when rebuilding after
     /// a restart from tasks that are Scheduled or Running. Limits are not checked (it already runs).
-    pub fn mark_running(&mut self, key: K, namespace: &str, task_type: &str) {
+    pub fn mark_running(&mut self, key: K, namespace: &str, holder: Holder<'_>) {
         self.remove_pending(&key);
         self.release_running(&key, Outcome::Aborted, None);
-        let circuit = self.intern(namespace, task_type);
+        let circuit = self.intern(namespace, holder.task_type);
         let state = &mut self.circuits[circuit];
         state.running += 1;
         self.types[state.type_id].running += 1;
         let tenant = self.intern_tenant(namespace);
         self.tenants[tenant].running += 1;
+        if holder.preemptible {
+            self.victims
+                .insert(victim_order(holder.priority, holder.since, key.clone()));
+        }
         self.running.insert(
             key,
             RunningEntry {
                 circuit,
                 tenant,
+                priority: holder.priority,
+                since: holder.since,
+                preemptible: holder.preemptible,
                 probe: false,
                 recorded: false,
             },
@@ -380,7 +421,9 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             self.mark_waiting_buckets_paced();
             return None;
         }
-        let Some((priority, queued_at, key, lane)) = self.choose(now) else {
+        let Some((priority, queued_at, key, lane)) =
+            self.take_reserved(now).or_else(|| self.choose(now))
+        else {
             self.mark_waiting_buckets_paced();
             return None;
         };
@@ -399,7 +442,11 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             bucket.paced = false;
             bucket.measuring = false;
         }
-        self.pending.remove(&key);
+        let preemptible = self.pending.remove(&key).is_some_and(|e| e.preemptible);
+        if preemptible {
+            self.victims
+                .insert(victim_order(priority, now, key.clone()));
+        }
         let state = &mut self.circuits[lane.circuit];
         state.pending -= 1;
         state.running += 1;
@@ -421,6 +468,9 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             RunningEntry {
                 circuit: lane.circuit,
                 tenant: lane.tenant,
+                priority,
+                since: now,
+                preemptible,
                 probe,
                 recorded: false,
             },
@@ -495,6 +545,11 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         let Some(entry) = self.running.remove(key) else {
             return false;
         };
+        if entry.preemptible {
+            self.victims
+                .remove(&victim_order(entry.priority, entry.since, key.clone()));
+        }
+        self.preempting.remove(key);
         let state = &mut self.circuits[entry.circuit];
         state.running -= 1;
         self.types[state.type_id].running -= 1;
@@ -524,7 +579,18 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     }
 }
 
+/// The place of a running task in `Dispatcher::victims`.
+fn victim_order<K>(
+    priority: Priority,
+    since: Timestamp,
+    key: K,
+) -> (Reverse<usize>, Reverse<Timestamp>, K) {
+    (Reverse(priority.index()), Reverse(since), key)
+}
+
 #[cfg(test)]
 mod fairness_tests;
+#[cfg(test)]
+mod preemption_tests;
 #[cfg(test)]
 mod tests;

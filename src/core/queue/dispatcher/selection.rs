@@ -45,17 +45,8 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     /// The bucket and task to dispatch at `now`, if any, ignoring queue concurrency.
     pub(super) fn choose(&mut self, now: Timestamp) -> Option<(Priority, Timestamp, K, Lane)> {
         let retry_token = self.retry_tokens.has_token(now);
-        let candidates: [Option<(Timestamp, K, Lane)>; 4] = Priority::ALL.map(|priority| {
-            let bucket = &self.buckets[priority.index()];
-            // The group of the lowest pass with an unblocked head: one tenant's when fair.
-            bucket.order.iter().find_map(|(_, group)| {
-                bucket.groups[group]
-                    .heads
-                    .iter()
-                    .find(|(_, _, lane)| self.lane_blocked(*lane, now, retry_token).is_none())
-                    .cloned()
-            })
-        });
+        let candidates: [Option<(Timestamp, K, Lane)>; 4] =
+            Priority::ALL.map(|priority| self.next_in(priority, now, retry_token));
         let Self {
             config,
             round_robin,
@@ -86,8 +77,31 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
 }
 
 impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
+    /// The task bucket `priority` would dispatch next at `now`, queue concurrency aside: the first
+    /// unblocked head of the group of the lowest pass (one tenant's when fair).
+    pub(super) fn next_in(
+        &self,
+        priority: Priority,
+        now: Timestamp,
+        retry_token: bool,
+    ) -> Option<(Timestamp, K, Lane)> {
+        let bucket = &self.buckets[priority.index()];
+        bucket.order.iter().find_map(|(_, group)| {
+            bucket.groups[group]
+                .heads
+                .iter()
+                .find(|(_, _, lane)| self.lane_blocked(*lane, now, retry_token).is_none())
+                .cloned()
+        })
+    }
+
     /// What holds the tasks of `lane` at `now`, queue concurrency aside.
-    fn lane_blocked(&self, lane: Lane, now: Timestamp, retry_token: bool) -> Option<HeldReason> {
+    pub(super) fn lane_blocked(
+        &self,
+        lane: Lane,
+        now: Timestamp,
+        retry_token: bool,
+    ) -> Option<HeldReason> {
         let circuit = &self.circuits[lane.circuit];
         let state = &self.types[circuit.type_id];
         if !circuit.breaker.allows(now) {

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::core::queue::MaxWait;
 use crate::core::queue::breaker::BreakerConfig;
-use crate::core::queue::config::{Fairness, KeyConcurrency, KeyRate};
+use crate::core::queue::config::{Fairness, KeyConcurrency, KeyRate, Preemption};
 use crate::core::queue::weights::{WeightWindow, Weights, WindowLimits};
 
 fn t(secs: i64) -> Timestamp {
@@ -34,6 +34,16 @@ fn in_namespace(
         task_type: task_type.to_string(),
         queued_at,
         attempt,
+        preemptible: true,
+    }
+}
+
+fn holder(task_type: &str) -> Holder<'_> {
+    Holder {
+        task_type,
+        priority: Priority::Normal,
+        preemptible: true,
+        since: t(0),
     }
 }
 
@@ -205,7 +215,7 @@ fn queue_concurrency_counts_scheduled_and_running() {
         concurrency: 2,
         ..QueueConfig::default()
     });
-    dispatcher.mark_running(100, "ns", "a");
+    dispatcher.mark_running(100, "ns", holder("a"));
     for key in 1..=3 {
         dispatcher.upsert(key, task(Priority::Normal, "a", t(0), 1));
     }
@@ -371,7 +381,7 @@ fn type_concurrency_is_shared_by_the_namespaces() {
     let mut config = unlimited();
     config.type_concurrency.insert("x".to_string(), 2);
     let mut dispatcher = Dispatcher::new(config);
-    dispatcher.mark_running(0, "team-a", "x");
+    dispatcher.mark_running(0, "team-a", holder("x"));
     dispatcher.upsert(1, in_namespace("team-a", Priority::Normal, "x", t(0), 1));
     dispatcher.upsert(2, in_namespace("team-b", Priority::Normal, "x", t(1), 1));
     dispatcher.upsert(3, in_namespace("team-c", Priority::Normal, "x", t(2), 1));
@@ -759,6 +769,7 @@ enum Op {
     },
     Remove(u8),
     Next,
+    Preempt,
     Finish {
         pick: usize,
         outcome: Outcome,
@@ -776,6 +787,7 @@ enum Op {
         key_limit: Option<u32>,
         key_rate: Option<u32>,
         fair: bool,
+        preempt: bool,
     },
 }
 
@@ -793,6 +805,7 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         1 => (0u8..40).prop_map(Op::Remove),
         5 => Just(Op::Next),
+        1 => Just(Op::Preempt),
         3 => (0usize..64, prop_oneof![
             Just(Outcome::Succeeded),
             Just(Outcome::Failed),
@@ -805,18 +818,26 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0i64..40).prop_map(Op::Advance),
         1 => (
             (0u32..8, 0u32..4, 0u32..240),
-            (proptest::option::of(0u32..3), proptest::option::of(0u32..120), any::<bool>()),
+            (
+                proptest::option::of(0u32..3),
+                proptest::option::of(0u32..120),
+                any::<bool>(),
+                any::<bool>(),
+            ),
         )
-            .prop_map(|((concurrency, type_limit, retry_rate), (key_limit, key_rate, fair))| {
-                Op::Limits {
-                    concurrency,
-                    type_limit,
-                    retry_rate,
-                    key_limit,
-                    key_rate,
-                    fair,
+            .prop_map(
+                |((concurrency, type_limit, retry_rate), (key_limit, key_rate, fair, preempt))| {
+                    Op::Limits {
+                        concurrency,
+                        type_limit,
+                        retry_rate,
+                        key_limit,
+                        key_rate,
+                        fair,
+                        preempt,
+                    }
                 }
-            }),
+            ),
     ]
 }
 
@@ -874,7 +895,7 @@ proptest! {
                 Op::MarkRunning { key, namespace, task_type } => {
                     pending.remove(&key);
                     running.insert(key, (type_name(task_type), namespace_name(namespace)));
-                    dispatcher.mark_running(key, &namespace_name(namespace), &type_name(task_type));
+                    dispatcher.mark_running(key, &namespace_name(namespace), holder(&type_name(task_type)));
                 }
                 Op::Finish { pick, outcome } => {
                     if let Some(key) = running.keys().nth(pick % running.len().max(1)).copied() {
@@ -883,7 +904,17 @@ proptest! {
                     }
                 }
                 Op::Advance(secs) => now += SignedDuration::from_secs(secs),
-                Op::Limits { concurrency, type_limit, retry_rate, key_limit, key_rate, fair } => {
+                Op::Preempt => {
+                    let in_flight = running.keys().any(|key| dispatcher.is_preempted(key));
+                    if let Some(victim) = dispatcher.preempt(now) {
+                        prop_assert!(config.preemption.is_some());
+                        prop_assert!(!in_flight, "a second preemption while one was in flight");
+                        prop_assert!(running.contains_key(&victim), "{victim} is not running");
+                        prop_assert!(dispatcher.is_preempted(&victim));
+                        prop_assert!(running.len() >= config.concurrency as usize, "a slot was free");
+                    }
+                }
+                Op::Limits { concurrency, type_limit, retry_rate, key_limit, key_rate, fair, preempt } => {
                     config.concurrency = concurrency;
                     config.type_concurrency.insert(type_name(2), type_limit);
                     config.retry_rate_per_minute = retry_rate;
@@ -893,6 +924,10 @@ proptest! {
                     });
                     config.fairness = fair.then(Fairness::default);
                     config.key_rate = key_rate.map(|per_minute| KeyRate { per_minute, burst: 2 });
+                    config.preemption = preempt.then_some(Preemption {
+                        after: SignedDuration::from_secs(5),
+                        max_per_minute: 3,
+                    });
                     dispatcher.set_config(config.clone(), now);
                 }
                 Op::Next => {

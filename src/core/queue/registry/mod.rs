@@ -30,10 +30,10 @@ use kube::ResourceExt;
 
 use super::adaptive::{AdaptiveConcurrency, Change};
 use super::config::{QueueConfig, QueueSpecError, queue_config};
-use super::dispatcher::{Dispatcher, Outcome, PendingTask};
+use super::dispatcher::{Dispatcher, Holder, Outcome, PendingTask};
 use crate::api::{AxQueue, AxQueueSpec, StopPolicy};
 pub use held::Held;
-pub use rebuild::{Cached, pending_of, pending_task, rebuild};
+pub use rebuild::{Cached, holder, pending_of, pending_task, rebuild};
 pub use report::QueueReport;
 
 /// Namespace and name of a task. Shared, not copied: the registry keeps each waiting task's key in
@@ -246,7 +246,7 @@ impl Registry {
     /// A task holds a slot: an attempt in flight (dispatched before a restart, or by an earlier
     /// leader) or a pod of it still stopping. Limits are not checked: the pod exists. Nothing
     /// changes for a task already holding one in this queue.
-    pub fn hold(&mut self, key: &TaskKey, queue: &str, task_type: &str) {
+    pub fn hold(&mut self, key: &TaskKey, queue: &str, holder: Holder<'_>) {
         if self
             .tasks
             .get(key)
@@ -258,7 +258,7 @@ impl Registry {
         let key = &self.shared(key);
         self.entry(queue)
             .dispatcher
-            .mark_running(key.clone(), &key.0, task_type);
+            .mark_running(key.clone(), &key.0, holder);
         self.place(key, queue, Place::Holding { granted: false });
     }
 
@@ -317,6 +317,24 @@ impl Registry {
             e.availability == Availability::Active
                 && e.dispatcher.config().stop_policy == StopPolicy::HoldAndDrain
         })
+    }
+
+    /// The running tasks to stop at `now` so that waiting urgent tasks can go, with their queues
+    /// (`preemption.withinQueue: LowerPriority`; at most one in flight per queue).
+    pub fn preemptions(&mut self, now: Timestamp) -> Vec<(TaskKey, String)> {
+        self.queues
+            .iter_mut()
+            .filter(|(_, e)| e.availability == Availability::Active)
+            .filter_map(|(name, e)| Some((e.dispatcher.preempt(now)?, name.clone())))
+            .collect()
+    }
+
+    /// Whether the attempt of `key` was chosen to be stopped for a waiting urgent task.
+    pub fn is_preempted(&self, key: &TaskKey) -> bool {
+        self.tasks
+            .get(key)
+            .and_then(|t| self.queues.get(&*t.queue))
+            .is_some_and(|e| e.dispatcher.is_preempted(key))
     }
 
     /// The tasks holding a slot of `queue`: those a drain stops.

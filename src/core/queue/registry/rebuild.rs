@@ -5,14 +5,18 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::{Registry, TaskKey};
-use crate::api::{AxTask, AxTaskSpec, AxTaskStatus, TaskPhase};
-use crate::core::queue::dispatcher::PendingTask;
+use crate::api::{AxTask, AxTaskSpec, AxTaskStatus, Priority, TaskPhase};
+use crate::core::queue::dispatcher::{Holder, PendingTask};
 
 /// What the rebuild reads of one cached task.
 pub struct Cached<'a> {
     pub key: TaskKey,
     pub queue: &'a str,
     pub task_type: &'a str,
+    pub priority: Priority,
+    pub preemptible: bool,
+    /// When its attempt in flight was dispatched, if its status says.
+    pub scheduled_at: Option<Timestamp>,
     /// As written (`None`: new).
     pub phase: Option<TaskPhase>,
     pub cancel: bool,
@@ -40,7 +44,7 @@ pub fn rebuild<'a>(
         }
         let waiting = matches!(task.phase, None | Some(TaskPhase::Pending));
         if waiting && task.next_pod {
-            registry.hold(&task.key, task.queue, task.task_type);
+            registry.hold(&task.key, task.queue, task.holder());
             holding += 1;
             continue;
         }
@@ -48,7 +52,7 @@ pub fn rebuild<'a>(
             Some(
                 TaskPhase::Scheduled | TaskPhase::Running | TaskPhase::Failed | TaskPhase::TimedOut,
             ) => {
-                registry.hold(&task.key, task.queue, task.task_type);
+                registry.hold(&task.key, task.queue, task.holder());
                 holding += 1;
             }
             Some(TaskPhase::Pending)
@@ -91,5 +95,29 @@ pub fn pending_of(
             .or(created)
             .unwrap_or(Timestamp::UNIX_EPOCH),
         attempt: u32::try_from(status.attempt).unwrap_or(0) + 1,
+        preemptible: spec.preemptible,
+    }
+}
+
+/// What the dispatcher counts of a task holding a slot.
+pub fn holder<'a>(spec: &'a AxTaskSpec, status: Option<&AxTaskStatus>) -> Holder<'a> {
+    Holder {
+        task_type: &spec.task_type,
+        priority: spec.priority,
+        preemptible: spec.preemptible,
+        since: status
+            .and_then(|s| s.scheduled_at)
+            .unwrap_or(Timestamp::UNIX_EPOCH),
+    }
+}
+
+impl<'a> Cached<'a> {
+    fn holder(&self) -> Holder<'a> {
+        Holder {
+            task_type: self.task_type,
+            priority: self.priority,
+            preemptible: self.preemptible,
+            since: self.scheduled_at.unwrap_or(Timestamp::UNIX_EPOCH),
+        }
     }
 }

@@ -31,6 +31,16 @@ fn pending(priority: Priority, task_type: &str, at: i64, attempt: u32) -> Pendin
         task_type: task_type.into(),
         queued_at: t(at),
         attempt,
+        preemptible: true,
+    }
+}
+
+fn holder(task_type: &str) -> Holder<'_> {
+    Holder {
+        task_type,
+        priority: Priority::Normal,
+        preemptible: true,
+        since: t(0),
     }
 }
 
@@ -201,8 +211,8 @@ fn marking_running_twice_keeps_a_probe() {
     );
     let (probe, _) = registry.next(t(10)).expect("the probe");
     // The reconciler sees the probe Scheduled, then Running: it stays the only probe.
-    registry.hold(&probe, "q", "x");
-    registry.hold(&probe, "q", "x");
+    registry.hold(&probe, "q", holder("x"));
+    registry.hold(&probe, "q", holder("x"));
     assert_eq!(registry.next(t(10)), None);
     registry.record_outcome(&probe, Outcome::Succeeded, t(11));
     registry.remove(&probe);
@@ -278,6 +288,9 @@ fn rebuild_counts_tasks_in_flight_before_dispatching_more() {
             key: key(t.metadata.name.as_deref().unwrap_or_default()),
             queue: &t.spec.queue,
             task_type: &t.spec.task_type,
+            priority: t.spec.priority,
+            preemptible: t.spec.preemptible,
+            scheduled_at: status.scheduled_at,
             phase: status.phase,
             cancel: t.spec.cancel,
             next_attempt_at: status.next_attempt_at,

@@ -1,26 +1,40 @@
-//! Tenants on one AxQueue, on the real cluster with the operator started by e2e/run-tests.sh: fair
-//! shares between namespaces (`spec.fairness`) and limits per namespace (`spec.keyConcurrency`).
-//! Workers run on simulated nodes (e2e/sim); each test has its own queue and namespaces.
+//! Sharing one AxQueue, on the real cluster with the operator started by e2e/run-tests.sh: fair
+//! shares between namespaces (`spec.fairness`), limits and rates per namespace
+//! (`spec.keyConcurrency`, `spec.keyRate`), and preemption of lower priorities
+//! (`spec.preemption`). Workers run on simulated nodes (e2e/sim); each test has its own queue and
+//! namespaces.
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ax::api::{AxTask, Priority, TaskPhase};
+use ax::api::{AxTask, FailureKind, Priority, TaskPhase};
 use common::queue::{create_queue, patch_queue, wait_queue};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
+use futures::StreamExt;
 use jiff::Timestamp;
-use kube::Client;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
 fn sim_task(name: &str, queue: &str, millis: u64) -> AxTask {
+    sim_task_at(name, queue, Priority::Normal, millis)
+}
+
+fn sim_task_at(name: &str, queue: &str, priority: Priority, millis: u64) -> AxTask {
     let worker = SimWorker::running_for(millis).start_ms(50);
     sim_task_with(name, "tenant-work", &worker, |task| {
         task["spec"]["queue"] = queue.into();
-        task["spec"]["priority"] = Priority::Normal.as_str().into();
-        task["spec"]["retry"] = json!({"maxRetries": 0});
+        task["spec"]["priority"] = priority.as_str().into();
+        task["spec"]["retry"] = json!({
+            "maxRetries": 0,
+            "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0},
+        });
     })
 }
 
@@ -299,5 +313,119 @@ async fn key_rate_spaces_one_namespaces_dispatches_and_not_the_others() {
             gap >= jiff::SignedDuration::from_millis(700),
             "dispatches {gap:?} apart"
         );
+    }
+}
+
+/// What a watch of a namespace's worker pods saw, in order: `(pod, true)` when a pod was first seen,
+/// `(pod, false)` when it was deleted.
+type PodEvents = Arc<Mutex<Vec<(String, bool)>>>;
+
+fn watch_pods(client: &Client, ns: &str) -> (PodEvents, tokio::task::JoinHandle<()>) {
+    let seen: PodEvents = Arc::default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let record = seen.clone();
+    let watch = tokio::spawn(async move {
+        let mut stream = watcher(pods, watcher::Config::default().labels("ax.dev/task"))
+            .default_backoff()
+            .boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            let mut seen = record.lock().expect("pod events");
+            match event {
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    let name = pod.name_any();
+                    if !seen.iter().any(|(n, first)| *n == name && *first) {
+                        seen.push((name, true));
+                    }
+                }
+                watcher::Event::Delete(pod) => seen.push((pod.name_any(), false)),
+                _ => {}
+            }
+        }
+    });
+    (seen, watch)
+}
+
+#[tokio::test]
+async fn a_critical_task_preempts_the_latest_low_attempt_which_runs_again_later() {
+    let client = client().await;
+    let ns = namespace(&client, "preempt").await;
+    let (pod_events, watch) = watch_pods(&client, &ns);
+    let queue = create_queue(
+        &client,
+        "preempt",
+        json!({
+            "concurrency": 2,
+            "preemption": {"withinQueue": "LowerPriority", "afterSeconds": 2, "maxPerMinute": 6},
+        }),
+    )
+    .await;
+    // Two long Low tasks fill the queue; `low-b` is dispatched second.
+    create(
+        &client,
+        &ns,
+        &sim_task_at("low-a", &queue.name, Priority::Low, 20_000),
+    )
+    .await;
+    wait_phase(&client, &ns, "low-a", TaskPhase::Running, LONG).await;
+    create(
+        &client,
+        &ns,
+        &sim_task_at("low-b", &queue.name, Priority::Low, 20_000),
+    )
+    .await;
+    wait_phase(&client, &ns, "low-b", TaskPhase::Running, LONG).await;
+    let mut urgent = sim_task_at("urgent", &queue.name, Priority::Critical, 1_000);
+    urgent.spec.task_type = "urgent-work".into();
+    create(&client, &ns, &urgent).await;
+
+    // low-b's attempt is stopped (the latest dispatched of the lowest priority), urgent runs.
+    let urgent = wait_phase(&client, &ns, "urgent", TaskPhase::Succeeded, LONG).await;
+    let low_b = wait_task(&client, &ns, "low-b", LONG, |t| {
+        t.status.as_ref().is_some_and(|s| s.attempt >= 2)
+    })
+    .await;
+    let status = low_b.status.clone().unwrap();
+    let preempted = &status.attempts[0];
+    assert_eq!(
+        preempted.reason.as_deref(),
+        Some("Preempted"),
+        "{:#?}",
+        status.attempts
+    );
+    assert_eq!(preempted.failure_kind, Some(FailureKind::Infrastructure));
+    assert_eq!(
+        (status.retries, status.infrastructure_retries),
+        (0, 1),
+        "maxRetries untouched"
+    );
+    // urgent was dispatched only after low-b's first attempt ended, into its slot.
+    let urgent_at = urgent.status.as_ref().and_then(|s| s.scheduled_at).unwrap();
+    assert!(urgent_at >= preempted.finished_at.unwrap());
+    // low-a was left alone.
+    let low_a = wait_task(&client, &ns, "low-a", LONG, |_| true).await;
+    assert_eq!(low_a.status.as_ref().map(|s| s.attempt), Some(1));
+    assert!(
+        history(&low_a).iter().all(|h| h.reason != "Preempted"),
+        "{:#?}",
+        history(&low_a)
+    );
+    // low-b runs again and finishes, its first pod gone before its second was created.
+    let low_b = wait_phase(&client, &ns, "low-b", TaskPhase::Succeeded, LONG).await;
+    assert_eq!(low_b.status.as_ref().map(|s| s.retries), Some(0));
+    wait_events(&client, &ns, "low-b", &["Failed"]).await;
+    watch.abort();
+    let events = pod_events.lock().unwrap().clone();
+    let first_gone = events
+        .iter()
+        .position(|(n, first)| n == "low-b-1" && !first);
+    let second_seen = events
+        .iter()
+        .position(|(n, first)| n == "low-b-2" && *first);
+    match (first_gone, second_seen) {
+        (Some(gone), Some(seen)) => assert!(
+            gone < seen,
+            "low-b-2 appeared before low-b-1 was gone: {events:?}"
+        ),
+        _ => panic!("low-b's pods were not both seen: {events:?}"),
     }
 }
