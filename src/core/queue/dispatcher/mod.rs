@@ -33,9 +33,10 @@
 //! pass per bucket (k-way merge of its lanes), for the periodic refresh.
 //!
 //! Parts: the buckets and their lanes (`bucket`), the task types and circuits (`circuits`), the
-//! tenants with their weights and `keyConcurrency` limits (`tenants`), the
+//! tenants with their weights, `keyConcurrency` limits and `keyRate` buckets (`tenants`), the
 //! choice of the next task and what holds the others (`selection`), the limits in force
-//! (`limits`), and where pending tasks stand and when they should start (`positions`).
+//! (`limits`), where pending tasks stand and when they should start (`positions`), and which
+//! running attempt to stop for a waiting urgent one (`preemption`).
 
 mod bucket;
 mod circuits;
