@@ -777,6 +777,8 @@ mod tests {
         metrics.set_queue_slots([("default", 3, 10)]);
         metrics.set_queue_effective_concurrency([("default", 4)]);
         metrics.set_circuit_open("default", "resize", true);
+        metrics.preempted("default");
+        metrics.set_queue_keys([("default", "team-a", 2, 40), ("default", "other", 1, 3)]);
         drop(metrics.reconcile_timer("axtask"));
         metrics.reconcile_error("axtask", "write_status", "stale");
         metrics.set_leader(true);
@@ -800,6 +802,9 @@ mod tests {
             ("gauge", "ax_queue_concurrency"),
             ("gauge", "ax_queue_effective_concurrency"),
             ("gauge", "ax_circuit_open"),
+            ("counter", "ax_preemptions"),
+            ("gauge", "ax_queue_key_running"),
+            ("gauge", "ax_queue_key_waiting"),
             ("histogram", "ax_reconcile_duration_seconds"),
             ("counter", "ax_reconcile_errors"),
             ("gauge", "ax_leader"),
@@ -829,6 +834,9 @@ mod tests {
             r#"ax_queue_concurrency{queue="default"}"#,
             r#"ax_queue_effective_concurrency{queue="default"}"#,
             r#"ax_circuit_open{queue="default",type="resize"}"#,
+            r#"ax_preemptions_total{queue="default"}"#,
+            r#"ax_queue_key_running{queue="default",key="team-a"}"#,
+            r#"ax_queue_key_waiting{queue="default",key="other"}"#,
             r#"ax_reconcile_duration_seconds_count{controller="axtask"}"#,
             r#"ax_reconcile_errors_total{controller="axtask",step="write_status",category="stale"}"#,
             "ax_leader",
@@ -845,6 +853,10 @@ mod tests {
             );
         }
         assert_eq!(sample(&text, "ax_leader"), Some(1.0));
+        assert_eq!(
+            sample(&text, r#"ax_queue_key_waiting{queue="default",key="team-a"}"#),
+            Some(40.0)
+        );
         assert_eq!(
             sample(&text, r#"ax_cron_missed_times_total{reason="MisfireSkip"}"#),
             Some(3.0)
