@@ -854,7 +854,10 @@ mod tests {
         }
         assert_eq!(sample(&text, "ax_leader"), Some(1.0));
         assert_eq!(
-            sample(&text, r#"ax_queue_key_waiting{queue="default",key="team-a"}"#),
+            sample(
+                &text,
+                r#"ax_queue_key_waiting{queue="default",key="team-a"}"#
+            ),
             Some(40.0)
         );
         assert_eq!(

@@ -179,8 +179,9 @@ pub fn observe(
             if next_pod.is_some() {
                 return Some(Event::NextPodFound);
             }
-            // A slot granted just before `suspend` was seen goes back unused.
-            (granted && !spec.suspend).then_some(Event::Granted)
+            // A slot granted just before `suspend` was seen goes back unused; so does one the queue
+            // took back for a waiting task of higher priority before its pod was created.
+            (granted && !spec.suspend && !inputs.preempted).then_some(Event::Granted)
         }
         TaskPhase::Scheduled | TaskPhase::Running => {
             if spec.cancel {

@@ -731,11 +731,20 @@ fn a_preempted_attempt_stops_without_using_a_retry_and_waits_in_the_queue_again(
     let d = decide_with(&s, &d.status, &[], t(20), |i| i.preempted = true);
     assert_eq!(d.status.phase, Some(Pending));
     assert_eq!((d.status.retries, d.status.infrastructure_retries), (0, 1));
-    // A worker that already exited 0 keeps its success; a Pending task is not touched.
+    // A worker that already exited 0 keeps its success.
     let d = decide_with(&s, &running, &[pod(1, Exited(0))], t(5), |i| {
         i.preempted = true
     });
     assert_eq!(d.status.phase, Some(Succeeded));
+    // A grant taken back before its pod was created goes back to the queue unused.
+    let pending = admitted(&s, t(0));
+    let d = decide_with(&s, &pending, &[], t(1), |i| {
+        i.granted = true;
+        i.preempted = true;
+    });
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.status.phase, Some(Pending));
+    assert_eq!(d.queue, QueueState::Ready);
 }
 
 #[test]
