@@ -39,9 +39,7 @@ impl TenantState {
     pub(super) fn at_limit(&self) -> bool {
         self.limit.is_some_and(|limit| self.running >= limit)
     }
-}
 
-impl TenantState {
     pub(super) fn out_of_tokens(&self, now: Timestamp) -> bool {
         self.rate
             .as_ref()
