@@ -876,11 +876,25 @@ async fn a_read_only_user_sees_the_pages_and_is_not_allowed_to_cancel() {
     let attempts = text(&b, ".cards").await.unwrap_or_default();
     assert!(attempts.contains("Attempt 1"), "{attempts}");
     click_to_load(&b, "#cancel").await;
-    let shown = eventually("the refusal", LONG, || async {
+    let deadline = Instant::now() + LONG;
+    let shown = loop {
         let n = notices(&b).await;
-        (!n.is_empty()).then_some(n)
-    })
-    .await;
+        if !n.is_empty() {
+            break n;
+        }
+        if Instant::now() > deadline {
+            // Say what the browser shows instead (once seen: a page without the notice).
+            screenshot(&b, "read-only-cancel-without-notice").await;
+            let url = b
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            let body = text(&b, "body").await.unwrap_or_default();
+            panic!("no notice within {LONG:?} after the cancel; the browser shows {url}:\n{body}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(shown.len(), 1, "{shown:?}");
     assert!(
         shown[0].contains("not allowed")
