@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ax::api::{AxQueue, AxTask, Priority, TaskPhase};
-use common::queue::{TestQueue, create_queue, patch_queue, wait_queue};
+use common::queue::{TestQueue, create_queue, patch_queue, wait_pending, wait_queue};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use jiff::Timestamp;
@@ -101,18 +101,6 @@ fn queued_reason(task: &AxTask) -> Option<String> {
         .iter()
         .find(|c| c.type_ == "Queued")
         .map(|c| c.reason.clone())
-}
-
-/// Waits until the queue's status counts `n` tasks pending, so all of them are queued before the
-/// queue opens.
-async fn wait_pending(client: &Client, queue: &str, n: i64) {
-    wait_queue(client, queue, LONG, &format!("{n} pending"), |q| {
-        q.status.as_ref().is_some_and(|s| {
-            let p = &s.pending;
-            p.critical + p.high + p.normal + p.low == n
-        })
-    })
-    .await;
 }
 
 #[tokio::test]

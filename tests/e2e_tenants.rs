@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ax::api::{AxTask, FailureKind, Priority, TaskPhase};
-use common::queue::{create_queue, patch_queue, wait_queue};
+use common::queue::{create_queue, patch_queue, wait_pending, wait_queue};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use futures::StreamExt;
@@ -36,16 +36,6 @@ fn sim_task_at(name: &str, queue: &str, priority: Priority, millis: u64) -> AxTa
             "backoff": {"baseSeconds": 1, "factor": 1, "maxSeconds": 1, "jitterMillis": 0},
         });
     })
-}
-
-async fn wait_pending(client: &Client, queue: &str, n: i64) {
-    wait_queue(client, queue, LONG, &format!("{n} pending"), |q| {
-        q.status.as_ref().is_some_and(|s| {
-            let p = &s.pending;
-            p.critical + p.high + p.normal + p.low == n
-        })
-    })
-    .await;
 }
 
 /// When each attempt was dispatched and when it ended, by namespace.

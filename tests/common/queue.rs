@@ -83,3 +83,15 @@ pub async fn wait_queue(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// Waits until the queue's status counts `n` tasks pending, so all of them are queued before the
+/// queue opens.
+pub async fn wait_pending(client: &Client, queue: &str, n: i64) {
+    wait_queue(client, queue, super::LONG, &format!("{n} pending"), |q| {
+        q.status.as_ref().is_some_and(|s| {
+            let p = &s.pending;
+            p.critical + p.high + p.normal + p.low == n
+        })
+    })
+    .await;
+}
