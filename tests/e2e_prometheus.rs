@@ -470,10 +470,33 @@ async fn prometheus_answers_promql_about_a_known_run_and_every_dashboard_panel_h
             .map(|s| (s.labels["priority"].clone(), s.value()))
             .collect()
     };
+    // The dispatches the tasks' histories record, and how: a wrong metric then says whether the
+    // tasks were dispatched more often than planned or the operator counted one twice.
+    let mut dispatches = BTreeMap::<String, f64>::new();
+    let mut histories = String::new();
+    for task in &done {
+        let history = &task.status.as_ref().expect("a status").history;
+        let scheduled = history
+            .iter()
+            .filter(|h| h.to == TaskPhase::Scheduled)
+            .count();
+        *dispatches
+            .entry(task.spec.priority.as_str().to_string())
+            .or_default() += scheduled as f64;
+        histories.push_str(&format!("\n{}:", task.name_any()));
+        for h in history {
+            let from = h.from.map_or("New", |p| p.as_str());
+            histories.push_str(&format!(" {from}->{} ({}, {})", h.to, h.reason, h.time));
+        }
+    }
+    assert_eq!(
+        dispatches, want_waits,
+        "dispatches in the histories:{histories}"
+    );
     let waits = p
         .wait(
             &format!(r#"sum by (priority) (ax_queue_wait_seconds_count{{queue="{q}"}})"#),
-            "one wait per dispatch, by priority",
+            &format!("one wait per dispatch, by priority; histories:{histories}"),
             |r| by_priority(r) == want_waits,
         )
         .await;

@@ -125,7 +125,11 @@ where
             return o.clone();
         }
         if Instant::now() > deadline {
-            let last = object.map(|o| ax::yaml::to_string(&o).unwrap_or_default());
+            // Without managedFields: they come first and a CI log cut short keeps only them.
+            let last = object.map(|mut o| {
+                o.meta_mut().managed_fields = None;
+                ax::yaml::to_string(&o).unwrap_or_default()
+            });
             panic!(
                 "{} {ns}/{name}: condition not met within {timeout:?}; last seen:\n{}",
                 K::kind(&()),
