@@ -19,6 +19,7 @@ fn task_of(key: u64, namespaces: u64, queued_at: Timestamp) -> PendingTask {
     PendingTask {
         priority: Priority::ALL[(key % 4) as usize],
         namespace: format!("ns-{}", key % namespaces),
+        key: None,
         task_type: format!("type-{}", key % TYPES),
         queued_at,
         // Every tenth task is a retry and takes a token.

@@ -217,6 +217,120 @@ async fn key_concurrency_limits_one_namespace_and_not_the_others() {
     );
 }
 
+#[tokio::test]
+async fn keys_from_a_label_then_a_payload_field_limit_customers_within_one_namespace() {
+    let client = client().await;
+    let ns = namespace(&client, "key-label").await;
+    let queue = create_queue(
+        &client,
+        "key-label",
+        json!({
+            "concurrency": 10,
+            "fairness": {"key": {"label": "customer"}},
+            "keyConcurrency": {"overrides": {"x": 2, "p": 1}},
+        }),
+    )
+    .await;
+    let labelled = |customer: &str, i: usize| {
+        let mut task = sim_task(&format!("{customer}-{i:02}"), &queue.name, 2000);
+        task.metadata.labels = Some(BTreeMap::from([("customer".into(), customer.into())]));
+        task
+    };
+    let by_label: Vec<AxTask> = (0..10)
+        .flat_map(|i| [labelled("x", i), labelled("y", i)])
+        .collect();
+    create_all(&client, &ns, by_label).await;
+    let held = wait_for_reason(&client, &ns, "KeyConcurrencyLimit").await;
+    assert!(held.contains("key x (label:customer)"), "{held}");
+    let done = wait_all_terminal(&client, &ns, Duration::from_secs(300)).await;
+    let of = |prefix: &str| -> Vec<AxTask> {
+        done.iter()
+            .filter(|t| t.name_any().starts_with(prefix))
+            .cloned()
+            .collect()
+    };
+    for t in &done {
+        assert_eq!(phase(t), Some(TaskPhase::Succeeded), "{}", names(t));
+        let key = t.status.as_ref().and_then(|s| s.queue_key.clone());
+        let customer = &t.name_any()[..1];
+        assert_eq!(
+            key.map(|k| (k.from, k.value)),
+            Some(("label:customer".to_string(), customer.to_string())),
+            "{}",
+            names(t)
+        );
+    }
+    let (x_most, y_most) = (
+        most_at_once(&spans(&of("x-"))),
+        most_at_once(&spans(&of("y-"))),
+    );
+    println!("most at once: x {x_most}, y {y_most}");
+    assert!(x_most <= 2, "{x_most} of customer x ran at once");
+    assert!(y_most > 2, "customer y ran at most {y_most} at once");
+
+    // The same queue now takes the customer from the payload: p may run one at a time.
+    patch_queue(
+        &client,
+        &queue.name,
+        json!({"fairness": {"key": {"label": null, "payload": "customer.id"}}}),
+    )
+    .await;
+    wait_queue(
+        &client,
+        &queue.name,
+        LONG,
+        "the payload key in force",
+        |q| {
+            q.status.as_ref().is_some_and(|s| {
+                s.observed_generation == q.metadata.generation
+                    && !s
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == "InvalidSpec" && c.status == "True")
+            })
+        },
+    )
+    .await;
+    let by_payload = |customer: &str, i: usize| {
+        let mut task = sim_task(&format!("{customer}-{i:02}"), &queue.name, 1500);
+        task.spec.payload = Some(json!({"customer": {"id": customer}}));
+        task
+    };
+    let tasks: Vec<AxTask> = (0..6)
+        .flat_map(|i| [by_payload("p", i), by_payload("q", i)])
+        .collect();
+    create_all(&client, &ns, tasks).await;
+    let held = wait_for_reason(&client, &ns, "KeyConcurrencyLimit").await;
+    assert!(held.contains("key p (payload:customer.id)"), "{held}");
+    let done = wait_all_terminal(&client, &ns, Duration::from_secs(300)).await;
+    let of = |prefix: &str| -> Vec<AxTask> {
+        done.iter()
+            .filter(|t| t.name_any().starts_with(prefix))
+            .cloned()
+            .collect()
+    };
+    for t in of("p-").iter().chain(&of("q-")) {
+        assert_eq!(phase(t), Some(TaskPhase::Succeeded), "{}", names(t));
+        let key = t.status.as_ref().and_then(|s| s.queue_key.clone());
+        assert_eq!(
+            key.map(|k| (k.from, k.value)),
+            Some((
+                "payload:customer.id".to_string(),
+                t.name_any()[..1].to_string()
+            )),
+            "{}",
+            names(t)
+        );
+    }
+    let (p_most, q_most) = (
+        most_at_once(&spans(&of("p-"))),
+        most_at_once(&spans(&of("q-"))),
+    );
+    println!("most at once: p {p_most}, q {q_most}");
+    assert_eq!(p_most, 1, "customer p ran {p_most} at once");
+    assert!(q_most > 1, "customer q ran at most {q_most} at once");
+}
+
 /// The message of a `Queued` condition of some task in `ns` with that reason.
 async fn wait_for_reason(client: &Client, ns: &str, reason: &str) -> String {
     let deadline = std::time::Instant::now() + LONG;

@@ -90,19 +90,22 @@ pub struct AxQueueSpec {
     #[serde(default, skip_serializing_if = "StopPolicy::is_none")]
     pub stop_policy: StopPolicy,
 
-    /// Fair shares between tenants: within each priority bucket, dispatches go round robin across
-    /// the namespaces with waiting tasks, weighted by `weights`, so one namespace's backlog cannot
-    /// take every slot from the others. Absent: a bucket dispatches its oldest task first, whoever's.
+    /// Fair shares between keys (tenants): within each priority bucket, dispatches go round robin
+    /// across the keys with waiting tasks — their namespaces, or a label or payload field (`key`) —
+    /// weighted by `weights`, so one key's backlog cannot take every slot from the others. Absent:
+    /// a bucket dispatches its oldest task first, whoever's, and the key is the namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fairness: Option<FairnessSpec>,
 
-    /// Most tasks of one namespace Scheduled or Running at once in this queue; tasks over it wait
-    /// (`Queued` reason `KeyConcurrencyLimit`) without holding up other namespaces.
+    /// Most tasks of one key (`fairness.key`; by default the namespace) Scheduled or Running at
+    /// once in this queue; tasks over it wait (`Queued` reason `KeyConcurrencyLimit`) without
+    /// holding up other keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_concurrency: Option<KeyConcurrencySpec>,
 
-    /// Most dispatches of one namespace per minute, a token bucket per namespace; tasks over it
-    /// wait (`Queued` reason `KeyRateLimit`) without holding up other namespaces.
+    /// Most dispatches of one key (`fairness.key`; by default the namespace) per minute, a token
+    /// bucket per key; tasks over it wait (`Queued` reason `KeyRateLimit`) without holding up
+    /// other keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_rate: Option<KeyRateSpec>,
 
@@ -164,39 +167,57 @@ fn default_preempt_per_minute() -> i32 {
     6
 }
 
-/// `spec.keyRate`: a token bucket of dispatches per tenant (namespace).
+/// `spec.keyRate`: a token bucket of dispatches per key (tenant).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyRateSpec {
-    /// Dispatches per minute of each namespace (60 = one a second); 0 dispatches nothing.
+    /// Dispatches per minute of each key (60 = one a second); 0 dispatches nothing.
     #[schemars(range(min = 0, max = 1000000))]
     pub per_minute: i32,
-    /// Dispatches a namespace may make at once after waiting; default one second's worth, at
+    /// Dispatches a key may make at once after waiting; default one second's worth, at
     /// least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000000))]
     pub burst: Option<i32>,
 }
 
-/// `spec.fairness`: how dispatches are shared between the tenants (namespaces) of a queue.
+/// `spec.fairness`: how dispatches are shared between the keys (tenants) of a queue.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FairnessSpec {
-    /// Share of a namespace relative to the others, by namespace name; unnamed namespaces weigh 1.
+    /// Where a task's key comes from, for fair shares, `keyConcurrency` and `keyRate` alike:
+    /// absent, its namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeySourceSpec>,
+    /// Share of a key relative to the others, by key value; unnamed keys weigh 1.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "key_weights")]
     pub weights: BTreeMap<String, i32>,
 }
 
-/// `spec.keyConcurrency`: most tasks of one tenant (namespace) Scheduled or Running at once.
+/// `spec.fairness.key`: exactly one of `label` and `payload`. Tasks without that label or field
+/// share the key `<none>`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeySourceSpec {
+    /// The name of a label of the task (e.g. `customer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// A dotted path to a field of the task's payload (e.g. `customer.id`) whose value is a
+    /// string, number or boolean.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+}
+
+/// `spec.keyConcurrency`: most tasks of one key (tenant) Scheduled or Running at once.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyConcurrencySpec {
-    /// The limit of every namespace not named in `overrides`; absent: no limit for them.
+    /// The limit of every key not named in `overrides`; absent: no limit for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000000))]
     pub limit: Option<i32>,
-    /// Limits of some namespaces, by name.
+    /// Limits of some keys, by key value.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "type_limits")]
     pub overrides: BTreeMap<String, i32>,
@@ -563,11 +584,11 @@ pub struct AxQueueStatus {
     pub last_concurrency_change: Option<ConcurrencyChange>,
 }
 
-/// One tenant (namespace) of a queue.
+/// One key (tenant) of a queue.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueKeyStatus {
-    /// The namespace.
+    /// The key: a namespace, or a label or payload value (`spec.fairness.key`).
     pub key: String,
     /// Its tasks Scheduled or Running.
     pub running: i64,

@@ -382,6 +382,17 @@ impl std::fmt::Display for TaskPhase {
     }
 }
 
+/// A task's key in its queue (`status.queueKey`): where it came from and its value.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueKey {
+    /// `label:<name>` or `payload:<dotted.path>`, as the queue's `spec.fairness.key` says.
+    pub from: String,
+    /// The label's value or the payload field's (a string, number or boolean, at most 128
+    /// bytes); `<none>` when the task has no such label or field.
+    pub value: String,
+}
+
 /// Where the task stands, its attempts and every transition, as the operator records them.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -412,6 +423,11 @@ pub struct AxTaskStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub queued_at: Option<Timestamp>,
+    /// The key the task counts under in its queue's fair shares and per-key limits, when the
+    /// queue takes keys from a label or the payload (`AxQueue.spec.fairness.key`); absent: its
+    /// namespace is its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_key: Option<QueueKey>,
     /// Pending after a failure: the next attempt is not dispatched before this time (backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]

@@ -142,15 +142,22 @@ async fn start(ctx: &Ctx) {
                 pending.then(|| settled.facts.pending(&namespace)),
             ),
         };
-        let (priority, preemptible, scheduled_at) = match task.as_ref() {
-            CachedTask::Whole(whole) => (
-                whole.spec.priority,
-                whole.spec.preemptible,
-                whole.status.as_ref().and_then(|s| s.scheduled_at),
-            ),
-            CachedTask::Settled(settled) => {
-                (settled.facts.priority, settled.facts.preemptible, None)
+        let (priority, preemptible, scheduled_at, queue_key) = match task.as_ref() {
+            CachedTask::Whole(whole) => {
+                let status = whole.status.as_ref();
+                (
+                    whole.spec.priority,
+                    whole.spec.preemptible,
+                    status.and_then(|s| s.scheduled_at),
+                    status.and_then(|s| s.queue_key.as_ref()),
+                )
             }
+            CachedTask::Settled(settled) => (
+                settled.facts.priority,
+                settled.facts.preemptible,
+                None,
+                settled.facts.queue_key.as_deref(),
+            ),
         };
         Cached {
             key: TaskKey::new((namespace, task.name_any())),
@@ -158,6 +165,7 @@ async fn start(ctx: &Ctx) {
             task_type: task.task_type(),
             priority,
             preemptible,
+            queue_key: queue_key.map(|k| k.value.as_str()),
             scheduled_at,
             phase: task.phase(),
             cancel,

@@ -75,19 +75,24 @@ pub fn sync_from_store(ctx: &Ctx) {
 }
 
 fn configure(ctx: &Ctx, queue: &AxQueue) {
-    let (problem, draining) = {
+    let (problem, look_now) = {
         let mut queues = ctx.queues.lock();
-        let problem = queues.configure(queue, Timestamp::now());
         let name = queue.name_any();
-        let draining = if queues.drains(&name) {
+        let keyed_before = queues.key_source(&name).cloned();
+        let problem = queues.configure(queue, Timestamp::now());
+        let keyed_now = queues.key_source(&name);
+        let look_now = if keyed_now.is_some() && keyed_now != keyed_before.as_ref() {
+            queues.tasks_in(&name)
+        } else if queues.drains(&name) {
             queues.holding_in(&name)
         } else {
             Vec::new()
         };
-        (problem, draining)
+        (problem, look_now)
     };
-    // Each dispatched task of a draining queue stops its attempt at its next look: look now.
-    for key in &draining {
+    // Each task records a new key, and each dispatched task of a draining queue stops its attempt,
+    // at its next look: look now.
+    for key in &look_now {
         ctx.wake(key);
     }
     match problem {

@@ -23,6 +23,7 @@ use super::cache::{CachedTask, SettledTask};
 use super::write::{self, ApiError};
 use super::{Ctx, Error, Result, TaskKey, cache, task_key, version_of};
 use crate::api::AxTask;
+use crate::core::queue::key::KeySource;
 use crate::core::queue::{holder, pending_of};
 use crate::core::task::{self as core, Action, Clock, Decision, Inputs, QueueState, Refusal};
 use crate::core::worker::WorkerState;
@@ -106,7 +107,15 @@ fn look_at_settled(key: &TaskKey, settled: &SettledTask, ctx: &Ctx) -> Option<Re
         let held = held
             .as_ref()
             .map(|(reason, message)| (*reason, message.as_str()));
-        let idle = facts.idle(meta.generation, queues.is_granted(key), held, &pods, now)?;
+        let key_source = queues.key_source(&facts.queue);
+        let idle = facts.idle(
+            meta.generation,
+            queues.is_granted(key),
+            held,
+            key_source,
+            &pods,
+            now,
+        )?;
         let freed = match idle.queue {
             QueueState::Ready => {
                 queues.upsert(key, &facts.queue, facts.pending(&key.0));
@@ -169,12 +178,41 @@ async fn read_whole(
     }
 }
 
+/// The task with its payload when its queue takes keys from the payload and its key is to be
+/// worked out: not recorded from that source yet, or its spec edited since. The cache keeps no
+/// payloads: the one it arrived with if still at hand (`fresh`), else a read.
+async fn with_payload_if_keyed(task: Arc<AxTask>, key: &TaskKey, ctx: &Ctx) -> Result<Arc<AxTask>> {
+    let status = task.status.as_ref();
+    let from_payload = {
+        let queues = ctx.queues.lock();
+        match queues.key_source(&task.spec.queue) {
+            Some(source @ KeySource::Payload { .. }) => {
+                !source.recorded(status.and_then(|s| s.queue_key.as_ref()))
+                    || status.and_then(|s| s.observed_generation) != task.metadata.generation
+            }
+            _ => false,
+        }
+    };
+    if !from_payload || !cache::is_stripped(&task) {
+        return Ok(task);
+    }
+    if let Some(full) = ctx.fresh.take(key, &task) {
+        return Ok(Arc::new(full));
+    }
+    let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &key.0);
+    match api.get_opt(&key.1).await {
+        Ok(Some(full)) if full.metadata.uid == task.metadata.uid => Ok(Arc::new(full)),
+        Ok(_) => Ok(task),
+        Err(e) => Err(Error::Read("the task", e)),
+    }
+}
+
 /// Decides on the whole task and carries the decision out.
 async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue> {
     let callback = ctx.tracking.take_callback(&key);
     let spec_error = cache::spec_error(&task);
     let main_has_probe = cache::main_has_probe(&task);
-    let mut current = task;
+    let mut current = with_payload_if_keyed(task, &key, &ctx).await?;
     let mut refused: Option<Refusal> = None;
     // Pods the caches do not show and the API server has (see `read_pod`), and the attempts asked.
     let mut hidden: Vec<WorkerState> = Vec::new();
@@ -197,13 +235,27 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
                 .collect::<Vec<_>>(),
         );
         let clock = clock(&ctx);
-        let (granted, held, draining, preempted) = {
+        let (granted, held, draining, preempted, queue_key) = {
             let queues = ctx.queues.lock();
+            // A queue not known yet leaves the key recorded as it is, and so does a task without
+            // its payload: its key from the payload is recorded and current (see
+            // `with_payload_if_keyed`).
+            let queue_key = match queues.key_source(&current.spec.queue) {
+                Some(KeySource::Payload { .. }) if cache::is_stripped(&current) => {
+                    status.queue_key.clone()
+                }
+                Some(source) => source.key_of(
+                    current.metadata.labels.as_ref(),
+                    current.spec.payload.as_ref(),
+                ),
+                None => status.queue_key.clone(),
+            };
             (
                 queues.is_granted(&key),
                 queues.held_reason(&key, clock.now),
                 queues.drains(&current.spec.queue),
                 queues.is_preempted(&key),
+                queue_key,
             )
         };
         let name = current.name_any();
@@ -220,6 +272,7 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
             held: held
                 .as_ref()
                 .map(|(reason, message)| (*reason, message.as_str())),
+            queue_key: queue_key.as_ref(),
             draining,
             preempted,
             refused: refused.as_ref(),

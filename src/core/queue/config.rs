@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use jiff::SignedDuration;
 
 use super::breaker::BreakerConfig;
+use super::key::{KeySource, KeySourceError};
 use super::weights::{WeightWindow, Weights, WindowLimits, window_in_force};
 use crate::api::{
     AxQueueSpec, ConcurrencyMode, FairnessSpec, KeyConcurrencySpec, KeyRateSpec, PreemptionPolicy,
@@ -66,6 +67,8 @@ pub struct QueueConfig {
     pub stop_policy: StopPolicy,
     /// Fair shares between tenants within each bucket; `None`: oldest first, whoever's.
     pub fairness: Option<Fairness>,
+    /// Where a task's tenant comes from (`fairness.key`), for fair shares and per-key limits.
+    pub key: KeySource,
     /// Most tasks of one tenant dispatched and not yet finished at once; `None`: no such limit.
     pub key_concurrency: Option<KeyConcurrency>,
     /// Most dispatches of one tenant per minute, with a burst; `None`: no such limit.
@@ -202,6 +205,7 @@ impl Default for QueueConfig {
             namespace_selector: Selector::default(),
             stop_policy: StopPolicy::None,
             fairness: None,
+            key: KeySource::Namespace,
             key_concurrency: None,
             key_rate: None,
             preemption: None,
@@ -230,6 +234,8 @@ pub enum QueueSpecError {
     NamespaceSelector(SelectorError),
     #[error("spec.fairness.weights[{key}] ({value}) must be at least 1")]
     KeyWeight { key: String, value: i32 },
+    #[error("{0}")]
+    Key(KeySourceError),
 }
 
 /// The dispatcher configuration of a queue spec, or why the spec cannot be applied.
@@ -350,6 +356,10 @@ pub fn queue_config(spec: &AxQueueSpec) -> Result<QueueConfig, QueueSpecError> {
         namespace_selector,
         stop_policy: spec.stop_policy,
         fairness: spec.fairness.as_ref().map(fairness_of).transpose()?,
+        key: match spec.fairness.as_ref().and_then(|f| f.key.as_ref()) {
+            Some(key) => KeySource::of(key).map_err(QueueSpecError::Key)?,
+            None => KeySource::Namespace,
+        },
         key_concurrency: spec
             .key_concurrency
             .as_ref()

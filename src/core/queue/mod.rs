@@ -3,8 +3,8 @@
 //! schedule (`weights`), the circuit breaker per task type (`breaker`), the retry token bucket
 //! (`token_bucket`) — the registry of every queue and where each task is (`registry`), the status a
 //! queue shows (`status`), the adaptive concurrency (`adaptive`) with what it reads from the pods
-//! (`capacity`), and the estimated start of a waiting task (`estimate`). No client, no clock: time
-//! comes in as arguments.
+//! (`capacity`), the estimated start of a waiting task (`estimate`), and where a task's key
+//! (tenant) comes from (`key`). No client, no clock: time comes in as arguments.
 
 pub mod adaptive;
 pub mod breaker;
@@ -12,6 +12,7 @@ pub mod capacity;
 pub mod config;
 pub mod dispatcher;
 pub mod estimate;
+pub mod key;
 pub mod registry;
 pub mod status;
 pub mod token_bucket;

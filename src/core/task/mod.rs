@@ -39,7 +39,7 @@ pub use validate::{
 
 use crate::api::{
     ATTEMPTS_CAP, AttemptRecord, AxTaskSpec, AxTaskStatus, Failure, FailureKind, HistoryEntry,
-    TaskPhase,
+    QueueKey, TaskPhase,
 };
 use crate::core::conditions::CALLBACK_DELIVERED;
 use crate::core::queue::{HeldReason, Outcome};
@@ -84,6 +84,9 @@ pub struct Inputs<'a> {
     pub granted: bool,
     /// What holds an eligible Pending task, as the queue says it now.
     pub held: Option<(HeldReason, &'a str)>,
+    /// The task's key in its queue when the queue takes it from a label or the payload
+    /// (`core::queue::key`), recorded in the status while the task is not finished.
+    pub queue_key: Option<&'a QueueKey>,
     /// The task's queue is draining (`stopPolicy: HoldAndDrain`): a dispatched attempt is stopped.
     pub draining: bool,
     /// The queue chose the task's running attempt to stop for a waiting task of higher priority.
@@ -117,6 +120,7 @@ impl<'a> Inputs<'a> {
             pods,
             granted: false,
             held: None,
+            queue_key: status.queue_key.as_ref(),
             draining: false,
             preempted: false,
             refused: None,
@@ -317,6 +321,9 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
         return d;
     }
     d.status.observed_generation = inputs.generation;
+    if !d.status.phase.is_some_and(TaskPhase::is_terminal) {
+        d.status.queue_key = inputs.queue_key.cloned();
+    }
     if let Some((result, message)) = inputs.callback {
         d.status = callback_outcome(&d.status, result, message, now);
     }

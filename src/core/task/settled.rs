@@ -16,8 +16,9 @@ use super::conditions::{
     CALLBACK_DELIVERED, CIRCUIT_OPEN, FAILED, QUEUED, READY, RERUN_REQUESTED, SUSPENDED,
     WORKER_TERMINATING,
 };
-use crate::api::{AxTask, AxTaskStatus, Condition, Priority, TaskPhase};
+use crate::api::{AxTask, AxTaskStatus, Condition, Priority, QueueKey, TaskPhase};
 use crate::core::conditions::reason;
+use crate::core::queue::key::KeySource;
 use crate::core::queue::{HeldReason, PendingTask, estimate};
 use crate::core::worker::WorkerState;
 
@@ -39,6 +40,9 @@ pub struct Settled {
     pub task_type: String,
     pub priority: Priority,
     pub preemptible: bool,
+    /// Its key in its queue when not its namespace (`status.queueKey`), current with its labels
+    /// and payload.
+    pub queue_key: Option<Box<QueueKey>>,
     /// Pending (never dispatched) or final.
     pub phase: TaskPhase,
     /// The last attempt (0 for a waiting task): its pods are named up to it.
@@ -98,6 +102,13 @@ impl Settled {
         if !canonical_conditions(status, phase, &queued, generation) {
             return None;
         }
+        // A label edited since the key was recorded: a decision records the new one.
+        if phase == TaskPhase::Pending
+            && let Some(key) = &status.queue_key
+            && !key_is_current(key, task)
+        {
+            return None;
+        }
         let expires = match (phase.is_terminal(), spec.ttl_seconds_after_finished) {
             (true, Some(ttl)) => Some(super::observe::add_seconds(status.finished_at?, ttl)),
             _ => None,
@@ -107,6 +118,7 @@ impl Settled {
             task_type: spec.task_type.clone(),
             priority: spec.priority,
             preemptible: spec.preemptible,
+            queue_key: status.queue_key.clone().map(Box::new),
             phase,
             attempt: status.attempt,
             observed_generation: status.observed_generation,
@@ -121,12 +133,14 @@ impl Settled {
     /// What a look at the task with metadata.generation `generation` and these `pods` does, if it
     /// does nothing: its spec unchanged, no slot granted, what holds it (`held`, as the queue says
     /// now) already written, no `startAfter` or TTL come due, no pod that may run or needs anything
-    /// done (a waiting task has none at all). `None`: the whole task must be decided on.
+    /// done (a waiting task has none at all), its key recorded from its queue's `key_source` (if
+    /// the queue is known). `None`: the whole task must be decided on.
     pub fn idle(
         &self,
         generation: Option<i64>,
         granted: bool,
         held: Option<(HeldReason, &str)>,
+        key_source: Option<&KeySource>,
         pods: &[WorkerState],
         now: Timestamp,
     ) -> Option<Idle> {
@@ -146,6 +160,9 @@ impl Settled {
                     look_again: at,
                 }),
             };
+        }
+        if key_source.is_some_and(|source| !source.recorded(self.queue_key.as_deref())) {
+            return None;
         }
         if let Some(at) = self.next_attempt_at.filter(|at| *at > now) {
             return (self.queued == QueuedAs::Delayed).then_some(Idle {
@@ -177,6 +194,7 @@ impl Settled {
         PendingTask {
             priority: self.priority,
             namespace: namespace.to_string(),
+            key: self.queue_key.as_ref().map(|k| k.value.clone()),
             task_type: self.task_type.clone(),
             queued_at: self
                 .queued_at
@@ -194,6 +212,19 @@ impl Settled {
             QueuedAs::Delayed => ("Delayed", ""),
             QueuedAs::Finished => (self.phase.as_str(), ""),
         }
+    }
+}
+
+/// Whether `key` is what its source gives for `task` now. A label may change without a new
+/// generation; the payload is spec, so a key from it is current while the status has observed the
+/// spec (checked before) — and the cache keeps no payload to look at.
+fn key_is_current(key: &QueueKey, task: &AxTask) -> bool {
+    match KeySource::recorded_as(&key.from) {
+        Some(label @ KeySource::Label { .. }) => {
+            label.key_of(task.metadata.labels.as_ref(), None).as_ref() == Some(key)
+        }
+        Some(KeySource::Payload { .. }) => true,
+        _ => false,
     }
 }
 

@@ -2274,7 +2274,7 @@ proptest! {
         pods.extend(extra_pod);
         let generation = Some(if spec_changed { 2 } else { 1 });
         let held_ref = held.as_ref().map(|(r, m)| (*r, m.as_str()));
-        let Some(idle) = settled.idle(generation, granted, held_ref, &pods, now) else {
+        let Some(idle) = settled.idle(generation, granted, held_ref, None, &pods, now) else {
             return Ok(());
         };
         let mut inputs = Inputs::new(TASK, &spec, &status, &pods);
@@ -2306,32 +2306,94 @@ fn a_backlog_task_and_a_finished_one_are_settled_and_idle() {
         QueuedAs::Held(HeldReason::ConcurrencyLimit, message.into())
     );
     let held = Some((HeldReason::ConcurrencyLimit, message));
-    let idle = settled.idle(Some(1), false, held, &[], t(5));
+    let idle = settled.idle(Some(1), false, held, None, &[], t(5));
     assert_eq!(idle.map(|i| i.queue), Some(QueueState::Ready));
     // A slot, another reason, a pod or a spec edit needs the whole task.
-    assert_eq!(settled.idle(Some(1), true, held, &[], t(5)), None);
+    assert_eq!(settled.idle(Some(1), true, held, None, &[], t(5)), None);
     let other = Some((HeldReason::TypeConcurrencyLimit, message));
-    assert_eq!(settled.idle(Some(1), false, other, &[], t(5)), None);
+    assert_eq!(settled.idle(Some(1), false, other, None, &[], t(5)), None);
     assert_eq!(
-        settled.idle(Some(1), false, held, &[pod(1, Run)], t(5)),
+        settled.idle(Some(1), false, held, None, &[pod(1, Run)], t(5)),
         None
     );
-    assert_eq!(settled.idle(Some(2), false, held, &[], t(5)), None);
+    assert_eq!(settled.idle(Some(2), false, held, None, &[], t(5)), None);
 
     let done = at(&s, &running(&s), &[pod(1, Exited(0))], t(9)).status;
     assert_eq!(done.phase, Some(Succeeded));
     let settled = Settled::of(&task_of(&s, &done), true).expect("a finished task is settled");
-    let idle = settled.idle(Some(1), false, None, &[pod(1, Exited(0))], t(50));
+    let idle = settled.idle(Some(1), false, None, None, &[pod(1, Exited(0))], t(50));
     assert_eq!(idle.map(|i| i.queue), Some(QueueState::Done));
     let mut once = s.clone();
     once.retry.max_retries = 0;
     let dead = at(&once, &running(&once), &[pod(1, Exited(1))], t(9)).status;
     assert_eq!(dead.phase, Some(Dead));
     let settled = Settled::of(&task_of(&once, &dead), true).expect("a Dead task is settled");
-    let idle = settled.idle(Some(1), false, None, &[pod(1, Exited(1))], t(50));
+    let idle = settled.idle(Some(1), false, None, None, &[pod(1, Exited(1))], t(50));
     assert_eq!(idle.map(|i| i.queue), Some(QueueState::Done));
     // A running or retried task is not.
     assert!(Settled::of(&task_of(&s, &running(&s)), true).is_none());
+}
+
+#[test]
+fn a_key_from_a_label_is_recorded_while_the_task_is_not_finished_and_kept_current() {
+    use crate::api::KeySourceSpec;
+    use crate::core::queue::key::KeySource;
+    let s = spec();
+    let by_customer = KeySource::of(&KeySourceSpec {
+        label: Some("customer".into()),
+        payload: None,
+    })
+    .unwrap();
+    let labels = std::collections::BTreeMap::from([("customer".to_string(), "x".to_string())]);
+    let key = by_customer.key_of(Some(&labels), None);
+    let message = "the concurrency of AxQueue default is in use";
+    let waiting = decide_with(&s, &AxTaskStatus::default(), &[], t(0), |i| {
+        i.held = Some((HeldReason::ConcurrencyLimit, message));
+        i.queue_key = key.as_ref();
+    })
+    .status;
+    assert_eq!(waiting.queue_key, key, "recorded with the first write");
+    let mut task = task_of(&s, &waiting);
+    task.metadata.labels = Some(labels.clone());
+    let settled = Settled::of(&task, true).expect("settled with its key");
+    let held = Some((HeldReason::ConcurrencyLimit, message));
+    assert!(
+        settled
+            .idle(Some(1), false, held, Some(&by_customer), &[], t(5))
+            .is_some()
+    );
+    assert_eq!(settled.pending("ns").key.as_deref(), Some("x"));
+    // The queue now takes keys from elsewhere: the whole task is decided on, and records anew.
+    let by_team = KeySource::of(&KeySourceSpec {
+        label: Some("team".into()),
+        payload: None,
+    })
+    .unwrap();
+    for other in [&by_team, &KeySource::Namespace] {
+        assert_eq!(
+            settled.idle(Some(1), false, held, Some(other), &[], t(5)),
+            None
+        );
+    }
+    let namespaced = decide_with(&s, &waiting, &[], t(6), |i| {
+        i.held = Some((HeldReason::ConcurrencyLimit, message));
+        i.queue_key = None;
+    });
+    assert_eq!(namespaced.status.queue_key, None);
+    // The label edited (no new generation): not settled until a decision records the new key.
+    task.metadata.labels = Some(std::collections::BTreeMap::from([(
+        "customer".to_string(),
+        "y".to_string(),
+    )]));
+    assert!(Settled::of(&task, true).is_none());
+    // A finished task keeps the key it ran under.
+    let done = at(&s, &running(&s), &[pod(1, Exited(0))], t(9));
+    let mut finished = done.status.clone();
+    finished.queue_key = key.clone();
+    let later = decide_with(&s, &finished, &[pod(1, Exited(0))], t(20), |i| {
+        i.queue_key = None;
+    });
+    assert_eq!(later.status.queue_key, key);
 }
 
 // ---------------------------------------------------------------------------------------------

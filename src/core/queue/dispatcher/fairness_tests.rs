@@ -17,6 +17,7 @@ fn task(namespace: &str, queued_at: Timestamp) -> PendingTask {
     PendingTask {
         priority: Priority::Normal,
         namespace: namespace.to_string(),
+        key: None,
         task_type: "work".to_string(),
         queued_at,
         attempt: 1,
@@ -324,4 +325,57 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn keys_from_a_label_or_payload_share_within_one_namespace_and_across_namespaces() {
+    // Customers x and y, x with a backlog, both from one namespace; y's tasks also come from a
+    // second namespace and count as one key: y gets half the dispatches, not a third.
+    let mut dispatcher: Dispatcher<u32> = Dispatcher::new(QueueConfig {
+        key_concurrency: Some(KeyConcurrency {
+            limit: None,
+            overrides: BTreeMap::from([("y".to_string(), 1)]),
+        }),
+        ..fair(&[])
+    });
+    let keyed = |namespace: &str, key: &str, at: i64| PendingTask {
+        key: Some(key.to_string()),
+        ..task(namespace, t(at))
+    };
+    for n in 0..10 {
+        dispatcher.upsert(n, keyed("shop", "x", i64::from(n)));
+    }
+    dispatcher.upsert(100, keyed("shop", "y", 100));
+    dispatcher.upsert(200, keyed("billing", "y", 200));
+    let first = dispatcher.next(t(1000)).expect("one goes");
+    let second = dispatcher.next(t(1000)).expect("another goes");
+    assert_eq!((first, second), (0, 100), "x, then y (its turn)");
+    // y's keyConcurrency of 1 counts its tasks of both namespaces: the billing task waits.
+    assert_eq!(
+        dispatcher.held_reason(&200, t(1000)).map(|(r, _)| r),
+        Some(HeldReason::KeyConcurrencyLimit)
+    );
+    assert_eq!(dispatcher.tenant_of(&200), Some("y"));
+    assert_eq!(dispatcher.tenant_of(&5), Some("x"));
+    // Taken out and offered again, a task keeps its key.
+    let taken = dispatcher.take_pending(&200).expect("pending");
+    assert_eq!(taken.key.as_deref(), Some("y"));
+    assert_eq!(taken.namespace, "billing");
+    // A running task's key comes from its holder.
+    dispatcher.mark_running(
+        300,
+        "billing",
+        Holder {
+            task_type: "work",
+            key: Some("z"),
+            priority: Priority::Normal,
+            preemptible: true,
+            since: t(0),
+        },
+    );
+    let (counts, _) = dispatcher.key_counts(10);
+    assert!(
+        counts.iter().any(|c| c.key == "z" && c.running == 1),
+        "{counts:?}"
+    );
 }

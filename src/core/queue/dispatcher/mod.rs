@@ -10,7 +10,7 @@
 //! concurrency, open circuit, no retry token): a blocked lane never holds up the tasks behind it,
 //! and choosing costs O(log n) plus one check per blocked lane head, never a scan of the pending
 //! tasks. Without `fairness` all heads form one set (oldest first, whoever's); with it, one set per
-//! tenant (today the namespace), and the bucket takes the tenant of the lowest stride-scheduling
+//! tenant (its key: the namespace, or a label or payload value), and the bucket takes the tenant of the lowest stride-scheduling
 //! pass (`bucket`): round robin between tenants, weighted by `fairness.weights`.
 //!
 //! Circuit breakers are per (namespace, task type): a queue shared by several teams' namespaces
@@ -67,6 +67,8 @@ pub struct PendingTask {
     pub priority: Priority,
     /// Its namespace: the circuit breaker it obeys and feeds is that of (namespace, type).
     pub namespace: String,
+    /// Its key when the queue takes keys from elsewhere than the namespace (`status.queueKey`).
+    pub key: Option<String>,
     pub task_type: String,
     pub queued_at: Timestamp,
     /// The attempt this dispatch would start (1 = first); above 1 it is a retry and needs a token.
@@ -80,6 +82,8 @@ pub struct PendingTask {
 #[derive(Debug, Clone, Copy)]
 pub struct Holder<'a> {
     pub task_type: &'a str,
+    /// Its key when not its namespace (`status.queueKey`).
+    pub key: Option<&'a str>,
     pub priority: Priority,
     pub preemptible: bool,
     /// When its attempt was dispatched.
@@ -105,9 +109,9 @@ pub enum HeldReason {
     AdaptiveLimit,
     /// The `typeConcurrency` of the task's type is used up.
     TypeConcurrencyLimit,
-    /// The `keyConcurrency` of the task's tenant (its namespace) is used up.
+    /// The `keyConcurrency` of the task's key (tenant) is used up.
     KeyConcurrencyLimit,
-    /// The `keyRate` of the task's tenant (its namespace) is used up for now.
+    /// The `keyRate` of the task's key (tenant) is used up for now.
     KeyRateLimit,
     /// A retry, and the queue's retry token bucket is empty.
     RetryRateLimited,
@@ -296,7 +300,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         self.remove_pending(&key);
         let circuit = self.intern(&task.namespace, &task.task_type);
         self.circuits[circuit].pending += 1;
-        let tenant = self.intern_tenant(&task.namespace);
+        let tenant = self.intern_tenant(task.key.as_deref().unwrap_or(&task.namespace));
         self.tenants[tenant].pending += 1;
         let lane = Lane {
             tenant,
@@ -323,9 +327,11 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
     pub fn take_pending(&mut self, key: &K) -> Option<PendingTask> {
         let entry = self.pending.get(key)?;
         let circuit = &self.circuits[entry.lane.circuit];
+        let tenant = &self.tenants[entry.lane.tenant].name;
         let task = PendingTask {
             priority: entry.priority,
             namespace: circuit.namespace.clone(),
+            key: (*tenant != circuit.namespace).then(|| tenant.clone()),
             task_type: self.types[circuit.type_id].name.clone(),
             queued_at: entry.queued_at,
             attempt: entry.attempt,
@@ -349,7 +355,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         let state = &mut self.circuits[circuit];
         state.running += 1;
         self.types[state.type_id].running += 1;
-        let tenant = self.intern_tenant(namespace);
+        let tenant = self.intern_tenant(holder.key.unwrap_or(namespace));
         self.tenants[tenant].running += 1;
         if holder.preemptible {
             self.victims

@@ -15,6 +15,7 @@ fn task(priority: Priority, queued_at: Timestamp, preemptible: bool) -> PendingT
     PendingTask {
         priority,
         namespace: "ns".to_string(),
+        key: None,
         task_type: "work".to_string(),
         queued_at,
         attempt: 1,
@@ -124,6 +125,7 @@ fn tasks_held_after_a_restart_can_be_victims() {
         "ns",
         Holder {
             task_type: "work",
+            key: None,
             priority: Priority::Low,
             preemptible: true,
             since: t(0),

@@ -12,6 +12,12 @@ use crate::api::Priority;
 use crate::core::queue::weights::{Weights, effective_weights};
 
 impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
+    /// The key (tenant) the pending task `key` waits under.
+    pub fn tenant_of(&self, key: &K) -> Option<&str> {
+        let entry = self.pending.get(key)?;
+        Some(self.tenants[entry.lane.tenant].name.as_str())
+    }
+
     /// Why the pending task `key` is not dispatched at `now`; `None` if it is not pending.
     /// A task held for several reasons reports the one most specific to it, in the order
     /// circuit, type concurrency, key concurrency, key rate, retry rate, queue concurrency.

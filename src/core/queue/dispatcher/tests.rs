@@ -31,6 +31,7 @@ fn in_namespace(
     PendingTask {
         priority,
         namespace: namespace.to_string(),
+        key: None,
         task_type: task_type.to_string(),
         queued_at,
         attempt,
@@ -41,6 +42,7 @@ fn in_namespace(
 fn holder(task_type: &str) -> Holder<'_> {
     Holder {
         task_type,
+        key: None,
         priority: Priority::Normal,
         preemptible: true,
         since: t(0),

@@ -65,6 +65,11 @@ impl Registry {
             Availability::Active => {
                 let dispatcher = &entry.dispatcher;
                 let (reason, task_type) = dispatcher.held_reason(key, now)?;
+                let tenant = dispatcher.tenant_of(key).unwrap_or(namespace);
+                let whose = || match dispatcher.config().key.from() {
+                    None => format!("namespace {tenant}"),
+                    Some(from) => format!("key {tenant} ({from})"),
+                };
                 let stem = || match reason {
                     HeldReason::ConcurrencyLimit => {
                         format!("the concurrency of AxQueue {q} is in use")
@@ -78,14 +83,17 @@ impl Registry {
                         format!("the typeConcurrency of {task_type} in AxQueue {q} is in use")
                     }
                     HeldReason::KeyConcurrencyLimit => format!(
-                        "the keyConcurrency of namespace {namespace} in AxQueue {q} ({}) is in use",
-                        dispatcher.config().tenant_limit(namespace).unwrap_or(0)
+                        "the keyConcurrency of {} in AxQueue {q} ({}) is in use",
+                        whose(),
+                        dispatcher.config().tenant_limit(tenant).unwrap_or(0)
                     ),
                     HeldReason::KeyRateLimit => {
                         let rate = dispatcher.config().key_rate.unwrap_or_default();
                         format!(
-                            "the keyRate of namespace {namespace} in AxQueue {q} ({}/min, burst {}) is used up",
-                            rate.per_minute, rate.burst
+                            "the keyRate of {} in AxQueue {q} ({}/min, burst {}) is used up",
+                            whose(),
+                            rate.per_minute,
+                            rate.burst
                         )
                     }
                     HeldReason::RetryRateLimited => {

@@ -31,6 +31,7 @@ use kube::ResourceExt;
 use super::adaptive::{AdaptiveConcurrency, Change};
 use super::config::{QueueConfig, QueueSpecError, queue_config};
 use super::dispatcher::{Dispatcher, Holder, Outcome, PendingTask};
+use super::key::KeySource;
 use crate::api::{AxQueue, AxQueueSpec, StopPolicy};
 pub use held::Held;
 pub use rebuild::{Cached, holder, pending_of, pending_task, rebuild};
@@ -335,6 +336,23 @@ impl Registry {
             .get(key)
             .and_then(|t| self.queues.get(&*t.queue))
             .is_some_and(|e| e.dispatcher.is_preempted(key))
+    }
+
+    /// Where the tasks of `queue` take their keys from, if a spec of it is in force.
+    pub fn key_source(&self, queue: &str) -> Option<&KeySource> {
+        self.queues
+            .get(queue)
+            .filter(|e| e.availability == Availability::Active)
+            .map(|e| &e.dispatcher.config().key)
+    }
+
+    /// Every task the registry places in `queue`, waiting or holding a slot.
+    pub fn tasks_in(&self, queue: &str) -> Vec<TaskKey> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| *t.queue == *queue)
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     /// The tasks holding a slot of `queue`: those a drain stops.

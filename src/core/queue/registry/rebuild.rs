@@ -15,6 +15,8 @@ pub struct Cached<'a> {
     pub task_type: &'a str,
     pub priority: Priority,
     pub preemptible: bool,
+    /// Its key when not its namespace (`status.queueKey`).
+    pub queue_key: Option<&'a str>,
     /// When its attempt in flight was dispatched, if its status says.
     pub scheduled_at: Option<Timestamp>,
     /// As written (`None`: new).
@@ -89,6 +91,7 @@ pub fn pending_of(
     PendingTask {
         priority: spec.priority,
         namespace: namespace.to_string(),
+        key: status.queue_key.as_ref().map(|k| k.value.clone()),
         task_type: spec.task_type.clone(),
         queued_at: status
             .queued_at
@@ -100,9 +103,12 @@ pub fn pending_of(
 }
 
 /// What the dispatcher counts of a task holding a slot.
-pub fn holder<'a>(spec: &'a AxTaskSpec, status: Option<&AxTaskStatus>) -> Holder<'a> {
+pub fn holder<'a>(spec: &'a AxTaskSpec, status: Option<&'a AxTaskStatus>) -> Holder<'a> {
     Holder {
         task_type: &spec.task_type,
+        key: status
+            .and_then(|s| s.queue_key.as_ref())
+            .map(|k| k.value.as_str()),
         priority: spec.priority,
         preemptible: spec.preemptible,
         since: status
@@ -115,6 +121,7 @@ impl<'a> Cached<'a> {
     fn holder(&self) -> Holder<'a> {
         Holder {
             task_type: self.task_type,
+            key: self.queue_key,
             priority: self.priority,
             preemptible: self.preemptible,
             since: self.scheduled_at.unwrap_or(Timestamp::UNIX_EPOCH),

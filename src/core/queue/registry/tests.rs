@@ -28,6 +28,7 @@ fn pending(priority: Priority, task_type: &str, at: i64, attempt: u32) -> Pendin
     PendingTask {
         priority,
         namespace: "ns".into(),
+        key: None,
         task_type: task_type.into(),
         queued_at: t(at),
         attempt,
@@ -38,6 +39,7 @@ fn pending(priority: Priority, task_type: &str, at: i64, attempt: u32) -> Pendin
 fn holder(task_type: &str) -> Holder<'_> {
     Holder {
         task_type,
+        key: None,
         priority: Priority::Normal,
         preemptible: true,
         since: t(0),
@@ -286,6 +288,7 @@ fn rebuild_counts_tasks_in_flight_before_dispatching_more() {
         let status = t.status.as_ref().expect("a status");
         Cached {
             key: key(t.metadata.name.as_deref().unwrap_or_default()),
+            queue_key: None,
             queue: &t.spec.queue,
             task_type: &t.spec.task_type,
             priority: t.spec.priority,
@@ -602,6 +605,7 @@ fn in_ns(namespace: &str, name: &str) -> TaskKey {
 fn pending_in(namespace: &str, task_type: &str, at: i64) -> PendingTask {
     PendingTask {
         namespace: namespace.into(),
+        key: None,
         ..pending(Priority::Normal, task_type, at, 1)
     }
 }
