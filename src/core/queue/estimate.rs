@@ -96,7 +96,8 @@ pub enum NoEstimate {
     NoRate,
     /// The queue's concurrency in force is 0.
     Paused,
-    /// A limit of its own holds it (circuit, type limit, retry rate): the bucket's pace says nothing.
+    /// A limit of its own holds it (circuit, type or key limit, retry rate): the bucket's pace says
+    /// nothing.
     HeldApart,
 }
 
@@ -149,6 +150,17 @@ impl Estimate {
     /// The same place in the bucket without a start time.
     pub fn without_start(mut self, why: NoEstimate) -> Self {
         self.start = Err(why);
+        self
+    }
+
+    /// The same, starting no earlier than `at` (a limit of its key's): the bucket's pace is a
+    /// lower bound then, and `at` alone when the pace is not known.
+    pub fn not_before(mut self, at: Timestamp) -> Self {
+        self.start = match self.start {
+            Ok(start) => Ok(start.max(at)),
+            Err(NoEstimate::NoRate) => Ok(at),
+            Err(why) => Err(why),
+        };
         self
     }
 

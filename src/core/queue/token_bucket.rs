@@ -73,6 +73,20 @@ impl TokenBucket {
         u32::try_from(self.level_at(now) / NANOS_PER_MINUTE).unwrap_or(u32::MAX)
     }
 
+    /// When the `n`th token from `now` on is there, if every one before it is taken as it comes;
+    /// `None` at rate 0.
+    pub fn nth_token_at(&self, n: u64, now: Timestamp) -> Option<Timestamp> {
+        if self.rate_per_minute == 0 {
+            return None;
+        }
+        let needed = u128::from(n)
+            .saturating_mul(NANOS_PER_MINUTE)
+            .saturating_sub(self.level_at(now));
+        let nanos = needed.div_ceil(u128::from(self.rate_per_minute));
+        let wait = jiff::SignedDuration::from_nanos(i64::try_from(nanos).unwrap_or(i64::MAX));
+        Some(now.checked_add(wait).unwrap_or(Timestamp::MAX))
+    }
+
     /// Takes one token if one is available at `now`.
     pub fn try_take(&mut self, now: Timestamp) -> bool {
         self.refill(now);
@@ -150,6 +164,24 @@ mod tests {
         assert!(bucket.has_token(t(1000)));
         assert!(bucket.try_take(t(1000)));
         assert!(!bucket.try_take(t(1500)));
+    }
+
+    #[test]
+    fn the_nth_token_comes_after_the_burst_at_the_rate() {
+        let mut bucket = TokenBucket::with_burst(60, 5, t(0));
+        for n in 1..=5 {
+            assert_eq!(bucket.nth_token_at(n, t(0)), Some(t(0)), "token {n}");
+        }
+        assert_eq!(bucket.nth_token_at(6, t(0)), Some(t(1000)));
+        assert_eq!(bucket.nth_token_at(10, t(0)), Some(t(5000)));
+        // Emptied, the first comes a second on, and half a second later half the wait is left.
+        for _ in 0..5 {
+            assert!(bucket.try_take(t(0)));
+        }
+        assert_eq!(bucket.nth_token_at(1, t(0)), Some(t(1000)));
+        assert_eq!(bucket.nth_token_at(1, t(500)), Some(t(1000)));
+        assert_eq!(bucket.nth_token_at(3, t(500)), Some(t(3000)));
+        assert_eq!(TokenBucket::new(0, t(0)).nth_token_at(1, t(0)), None);
     }
 
     #[test]

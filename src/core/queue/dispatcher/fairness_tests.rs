@@ -247,6 +247,48 @@ fn key_rate_spaces_each_namespaces_dispatches_on_its_own() {
 }
 
 #[test]
+fn a_key_rate_says_when_each_of_its_waiting_tasks_gets_a_token() {
+    let mut dispatcher: Dispatcher<u32> = Dispatcher::new(rated(60, 1));
+    for n in 0..4 {
+        dispatcher.upsert(n, task("x", t(i64::from(n))));
+    }
+    dispatcher.upsert(10, task("y", t(10)));
+    assert_eq!(dispatcher.next(millis(0)), Some(0));
+    // x's next three wait one second each for a token, as they arrived; y's has one now.
+    let starts = |d: &Dispatcher<u32>, now| -> Vec<Option<Timestamp>> {
+        (1..4).map(|n| d.key_rate_start(&n, now)).collect()
+    };
+    let expected = vec![Some(millis(1000)), Some(millis(2000)), Some(millis(3000))];
+    assert_eq!(
+        starts(&dispatcher, millis(0)),
+        expected,
+        "from the ranks at upsert"
+    );
+    dispatcher.refresh_positions();
+    assert_eq!(
+        starts(&dispatcher, millis(0)),
+        expected,
+        "and after a refresh"
+    );
+    assert_eq!(dispatcher.key_rate_start(&10, millis(0)), Some(millis(0)));
+    // A dispatch moves every later one up, without a refresh.
+    assert_eq!(dispatcher.next(millis(1000)), Some(1));
+    assert_eq!(dispatcher.next(millis(1000)), Some(10));
+    assert_eq!(
+        dispatcher.key_rate_start(&2, millis(1000)),
+        Some(millis(2000))
+    );
+    assert_eq!(
+        dispatcher.key_rate_start(&3, millis(1000)),
+        Some(millis(3000))
+    );
+    // No keyRate, no such bound.
+    let mut free: Dispatcher<u32> = Dispatcher::new(fair(&[]));
+    free.upsert(0, task("x", t(0)));
+    assert_eq!(free.key_rate_start(&0, millis(0)), None);
+}
+
+#[test]
 fn a_namespace_that_drains_between_tasks_keeps_its_rate() {
     let mut dispatcher: Dispatcher<u32> = Dispatcher::new(rated(60, 1));
     dispatcher.upsert(0, task("x", t(0)));

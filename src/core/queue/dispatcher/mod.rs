@@ -198,6 +198,8 @@ struct PendingEntry {
     /// Its bucket's `dispatched` count once it is dispatched (if the order holds): its position is
     /// `rank - dispatched`.
     rank: u64,
+    /// The same among its key's waiting tasks, by its key's dispatch count (`keyRate` estimates).
+    key_rank: u64,
     attempt: u32,
     preemptible: bool,
 }
@@ -292,16 +294,18 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         self.release_running(&key, Outcome::Aborted, None);
         // A task offered again in the same place keeps its rank; a new one goes last until the
         // next refresh of the positions says otherwise.
-        let kept_rank = self
+        let kept_ranks = self
             .pending
             .get(&key)
             .filter(|e| e.priority == task.priority && e.queued_at == task.queued_at)
-            .map(|e| e.rank);
+            .map(|e| (e.rank, e.key_rank));
         self.remove_pending(&key);
         let circuit = self.intern(&task.namespace, &task.task_type);
         self.circuits[circuit].pending += 1;
         let tenant = self.intern_tenant(task.key.as_deref().unwrap_or(&task.namespace));
-        self.tenants[tenant].pending += 1;
+        let tenant_state = &mut self.tenants[tenant];
+        tenant_state.pending += 1;
+        let last_of_key = tenant_state.dispatched + tenant_state.pending as u64;
         let lane = Lane {
             tenant,
             circuit,
@@ -309,7 +313,8 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         };
         let bucket = &mut self.buckets[task.priority.index()];
         bucket.insert(lane, task.queued_at, key.clone());
-        let rank = kept_rank.unwrap_or(bucket.dispatched + bucket.len as u64);
+        let (rank, key_rank) =
+            kept_ranks.unwrap_or((bucket.dispatched + bucket.len as u64, last_of_key));
         self.pending.insert(
             key,
             PendingEntry {
@@ -317,6 +322,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
                 lane,
                 queued_at: task.queued_at,
                 rank,
+                key_rank,
                 attempt: task.attempt,
                 preemptible: task.preemptible,
             },
@@ -444,6 +450,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         bucket.rate.record(now, interval);
         bucket.measuring = bucket.paced;
         bucket.dispatched += 1;
+        self.tenants[lane.tenant].dispatched += 1;
         if bucket.len == 0 {
             bucket.waiting_since = None;
             bucket.paced = false;

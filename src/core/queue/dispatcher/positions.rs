@@ -31,9 +31,19 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
         ))
     }
 
+    /// When the pending task `key` has a token of its key's `keyRate` at the earliest: one token
+    /// for each of its key's tasks ahead of it and itself. `None` without a key rate, or at rate 0.
+    pub fn key_rate_start(&self, key: &K, now: Timestamp) -> Option<Timestamp> {
+        let entry = self.pending.get(key)?;
+        let tenant = &self.tenants[entry.lane.tenant];
+        let place = entry.key_rank.saturating_sub(tenant.dispatched).max(1);
+        tenant.rate.as_ref()?.nth_token_at(place, now)
+    }
+
     /// Recomputes the rank of every pending task: one pass per bucket in dispatch order, blocks
     /// aside. Each group's lanes merge by (`queued_at`, key); the groups (tenants, when the queue is
-    /// fair) take turns as the dispatcher's stride scheduling would. O(n log lanes).
+    /// fair) take turns as the dispatcher's stride scheduling would. O(n log lanes). Each task's
+    /// rank within its key follows the same order, the buckets taken from Critical down.
     pub fn refresh_positions(&mut self) {
         let Self {
             buckets,
@@ -41,6 +51,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             tenants,
             ..
         } = self;
+        let mut key_ranks: HashMap<usize, u64> = HashMap::new();
         for bucket in buckets.iter() {
             let mut groups: Vec<Merge<'_, K>> = Vec::new();
             let mut group_index = HashMap::new();
@@ -78,6 +89,12 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
                 rank += 1;
                 if let Some(entry) = pending.get_mut(key) {
                     entry.rank = rank;
+                    let tenant = entry.lane.tenant;
+                    let key_rank = key_ranks
+                        .entry(tenant)
+                        .or_insert(tenants[tenant].dispatched);
+                    *key_rank += 1;
+                    entry.key_rank = *key_rank;
                 }
                 if let Some((at, key)) = merge.lanes[lane].next() {
                     merge.heads.push(Reverse((*at, key, lane)));

@@ -33,6 +33,8 @@ pub(super) struct TenantState {
     pub(super) limit: Option<u32>,
     /// Its dispatches (`keyRate`).
     pub(super) rate: Option<TokenBucket>,
+    /// Its dispatches so far: the clock of its waiting tasks' `key_rank`s.
+    pub(super) dispatched: u64,
 }
 
 impl TenantState {
@@ -118,6 +120,7 @@ impl<K: Clone + Eq + Hash + Ord> Dispatcher<K> {
             weight: self.config.tenant_weight(name),
             limit: self.config.tenant_limit(name),
             rate,
+            dispatched: 0,
         };
         let id = match self.tenant_ids.free.pop() {
             Some(id) => {

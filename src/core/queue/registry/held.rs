@@ -118,8 +118,14 @@ impl Registry {
                         e.without_start(NoEstimate::Paused)
                     }
                     HeldReason::TypeConcurrencyLimit
+                    | HeldReason::KeyConcurrencyLimit
                     | HeldReason::RetryRateLimited
                     | HeldReason::CircuitOpen => e.without_start(NoEstimate::HeldApart),
+                    // The key's tokens come at a known pace: one for each of its tasks ahead.
+                    HeldReason::KeyRateLimit => match dispatcher.key_rate_start(key, now) {
+                        Some(at) => e.not_before(at),
+                        None => e.without_start(NoEstimate::HeldApart),
+                    },
                     _ => e,
                 });
                 let message = match &estimate {

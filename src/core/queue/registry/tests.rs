@@ -959,3 +959,44 @@ mod selection_model {
         }
     }
 }
+
+#[test]
+fn a_task_held_by_its_key_names_the_key_and_when_its_token_comes() {
+    let mut registry = Registry::default();
+    let spec: AxQueueSpec = serde_json::from_value(serde_json::json!({
+        "fairness": {"key": {"label": "customer"}},
+        "keyRate": {"perMinute": 60, "burst": 1},
+        "keyConcurrency": {"overrides": {"y": 0}},
+    }))
+    .expect("a spec");
+    registry.configure(&queue("keyed", spec, None), t(0));
+    let keyed = |customer: &str, at: i64| PendingTask {
+        key: Some(customer.into()),
+        ..pending(Priority::Normal, "x", at, 1)
+    };
+    for (n, at) in [("x1", 1), ("x2", 2), ("x3", 3)] {
+        registry.upsert(&key(n), "keyed", keyed("x", at));
+    }
+    registry.upsert(&key("y1"), "keyed", keyed("y", 4));
+    assert_eq!(registry.next(t(5)).map(|(k, _)| k), Some(key("x1")));
+    let (reason, message) = registry.held_reason(&key("x3"), t(5)).expect("held");
+    assert_eq!(reason, HeldReason::KeyRateLimit);
+    assert!(
+        message.starts_with(
+            "the keyRate of key x (label:customer) in AxQueue keyed (60/min, burst 1) is used up"
+        ),
+        "{message}"
+    );
+    // x3 needs the second token from now: two seconds on.
+    assert!(
+        message.contains("estimated start 2030-03-17T17:46:47Z"),
+        "{message}"
+    );
+    let (reason, message) = registry.held_reason(&key("y1"), t(5)).expect("held");
+    assert_eq!(reason, HeldReason::KeyConcurrencyLimit);
+    assert!(
+        message.contains("the keyConcurrency of key y (label:customer) in AxQueue keyed (0)")
+            && message.contains("estimated start unknown"),
+        "{message}"
+    );
+}
