@@ -68,6 +68,8 @@ pub struct Settings {
     /// Concurrency of the AxQueue of the `ax` kind (and of `worker-pods`, for its sample): high
     /// enough that the queue is never the limit.
     pub ax_concurrency: u32,
+    /// Keys the `ax-keys` units are spread over.
+    pub keys: usize,
     pub watched: Vec<Watched>,
     /// Leave the namespace (and queue) in place afterwards.
     pub keep: bool,
@@ -137,7 +139,10 @@ async fn measure(
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &workload::axqueue_resource());
         api.create(
             &PostParams::default(),
-            &serde_json::from_value(workload::axqueue(queue, settings.ax_concurrency))?,
+            &serde_json::from_value(match kind {
+                Kind::AxKeys => workload::axqueue_keyed(queue, settings.ax_concurrency),
+                _ => workload::axqueue(queue, settings.ax_concurrency),
+            })?,
         )
         .await
         .with_context(|| format!("creating AxQueue {queue} (are the CRDs installed?)"))?;
@@ -252,12 +257,15 @@ async fn create_all(
         let shared = shared.clone();
         let name = format!("u-{i:05}");
         // Built here, not in the future, which must own what it uses (a rate spawns it).
-        let object = match worker_pod {
+        let mut object = match worker_pod {
             Some(template) => template.pod(&name, namespace, &workload::random_uid()),
             None => kind
                 .object(&name, &worker, queue)
                 .expect("every kind but worker-pods builds its objects from the worker"),
         };
+        if kind == Kind::AxKeys {
+            workload::set_key(&mut object, i, settings.keys);
+        }
         async move {
             let object: DynamicObject = serde_json::from_value(object)
                 .expect("a benchmark object is a valid DynamicObject");

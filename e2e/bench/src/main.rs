@@ -103,6 +103,10 @@ struct Common {
     /// Concurrency of the `ax` kind's own AxQueue (and of `worker-pods`' own, for its sample).
     #[arg(long, global = true, default_value_t = 1000)]
     ax_concurrency: u32,
+    /// Distinct keys the units of the `ax-keys` kind are spread over (its queue shares its
+    /// dispatches fairly between them).
+    #[arg(long, global = true, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    keys: u32,
     /// Leave the namespaces (and queues) in place.
     #[arg(long, global = true)]
     keep: bool,
@@ -376,6 +380,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         finish_timeout: Duration::from_secs_f64(c.finish_timeout_seconds),
         tail: Duration::from_secs_f64(c.tail_seconds),
         ax_concurrency: c.ax_concurrency,
+        keys: c.keys as usize,
         watched,
         keep: c.keep,
     };

@@ -123,6 +123,7 @@ pub fn checks(mode: Mode, kinds: &[Kind], reports: &[KindReport]) -> Vec<Check> 
     let pods = report(Kind::Pods);
     let jobs = report(Kind::Jobs);
     let ax = report(Kind::Ax);
+    let ax_keys = report(Kind::AxKeys);
     let ratio =
         |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|&(_, b)| b > 0.0).map(|(a, b)| a / b);
     let throughput = |r: Option<&KindReport>| r.map(|r| r.throughput_per_second);
@@ -148,6 +149,21 @@ pub fn checks(mode: Mode, kinds: &[Kind], reports: &[KindReport]) -> Vec<Check> 
                     Limit::AtLeast(5.0),
                     2,
                     pair("ax", throughput(ax), "jobs", throughput(jobs), "units/s"),
+                ));
+            }
+            if ran(Kind::Ax) && ran(Kind::AxKeys) {
+                checks.push(Check::new(
+                    "ax throughput with keys / without",
+                    ratio(throughput(ax_keys), throughput(ax)),
+                    Limit::AtLeast(0.9),
+                    2,
+                    pair(
+                        "ax-keys",
+                        throughput(ax_keys),
+                        "ax",
+                        throughput(ax),
+                        "units/s",
+                    ),
                 ));
             }
             if ran(Kind::Pods) && ran(Kind::Ax) {
@@ -400,6 +416,25 @@ mod tests {
         let mut ax = KindReport::for_test("ax", 500).with_apiserver_ms(30.0);
         ax.throughput_per_second = ax_tp;
         vec![pods, jobs, ax]
+    }
+
+    #[test]
+    fn keys_are_judged_against_the_same_run_without_them() {
+        let mut reports = burst_round(100.0, 10.0, 50.0);
+        let mut keyed = KindReport::for_test("ax-keys", 500).with_apiserver_ms(30.0);
+        keyed.throughput_per_second = 46.0;
+        reports.push(keyed);
+        let kinds = [Kind::Pods, Kind::Jobs, Kind::Ax, Kind::AxKeys];
+        let judged = checks(Mode::Burst, &kinds, &reports);
+        let check = by_name(&judged, "ax throughput with keys / without");
+        assert_eq!(check.met, Some(true), "{check:?}");
+        reports[3].throughput_per_second = 40.0;
+        let judged = checks(Mode::Burst, &kinds, &reports);
+        let check = by_name(&judged, "ax throughput with keys / without");
+        assert_eq!(check.met, Some(false), "{check:?}");
+        // Without the keyed kind there is nothing to judge.
+        let judged = checks(Mode::Burst, &ALL, &reports[..3]);
+        assert!(!judged.iter().any(|c| c.name.contains("with keys")));
     }
 
     fn rate_round(pods_p50: f64, ax_p50: f64, ax_p99: f64) -> Vec<KindReport> {

@@ -32,6 +32,9 @@ pub enum Kind {
     Jobs,
     /// One AxTask per unit, in a queue of its own that is never the limit.
     Ax,
+    /// The same, in a queue with fair shares between keys from a label (`fairness.key`), the
+    /// units spread over `--keys` keys: what many tenants cost the dispatch.
+    AxKeys,
     /// A bare Pod shaped like the operator's worker pod (labels, payload annotation and volume,
     /// env, a controller owner reference), copied from one it built: the worker contract's floor.
     WorkerPods,
@@ -43,6 +46,7 @@ impl Kind {
             Kind::Pods => "pods",
             Kind::Jobs => "jobs",
             Kind::Ax => "ax",
+            Kind::AxKeys => "ax-keys",
             Kind::WorkerPods => "worker-pods",
         }
     }
@@ -55,7 +59,7 @@ impl Kind {
     /// Whether the kind needs an AxQueue of its own: `ax` for its tasks, `worker-pods` for the
     /// one task whose pod it copies.
     pub fn needs_queue(self) -> bool {
-        matches!(self, Kind::Ax | Kind::WorkerPods)
+        matches!(self, Kind::Ax | Kind::AxKeys | Kind::WorkerPods)
     }
 
     /// The resource the benchmark creates for this kind.
@@ -66,7 +70,7 @@ impl Kind {
                 &GroupVersionKind::gvk("batch", "v1", "Job"),
                 "jobs",
             ),
-            Kind::Ax => axtask_resource(),
+            Kind::Ax | Kind::AxKeys => axtask_resource(),
         }
     }
 
@@ -87,7 +91,7 @@ impl Kind {
                 "metadata": metadata,
                 "spec": {"backoffLimit": 0, "template": worker.pod_template()},
             }),
-            Kind::Ax => axtask(name, AX_TASK_TYPE, AX_PRIORITY, queue, worker),
+            Kind::Ax | Kind::AxKeys => axtask(name, AX_TASK_TYPE, AX_PRIORITY, queue, worker),
             Kind::WorkerPods => return None,
         })
     }
@@ -99,7 +103,7 @@ impl Kind {
         let owner_kind = match self {
             Kind::Pods | Kind::WorkerPods => return metadata["name"].as_str().map(str::to_owned),
             Kind::Jobs => "Job",
-            Kind::Ax => "AxTask",
+            Kind::Ax | Kind::AxKeys => "AxTask",
         };
         metadata["ownerReferences"]
             .as_array()?
@@ -134,7 +138,7 @@ impl Kind {
                     None
                 }
             }
-            Kind::Ax => match status["phase"].as_str()? {
+            Kind::Ax | Kind::AxKeys => match status["phase"].as_str()? {
                 "Succeeded" => Some(true),
                 "Dead" | "Canceled" => Some(false),
                 _ => None,
@@ -190,6 +194,21 @@ pub fn axqueue(name: &str, concurrency: u32) -> Value {
         "metadata": {"name": name, "labels": {BENCH_LABEL: BENCH_LABEL_VALUE}},
         "spec": {"concurrency": concurrency},
     })
+}
+
+/// The label that gives an `ax-keys` unit its key.
+pub const KEY_LABEL: &str = "ax.dev/bench-key";
+
+/// The same queue sharing its dispatches fairly between the keys of [`KEY_LABEL`].
+pub fn axqueue_keyed(name: &str, concurrency: u32) -> Value {
+    let mut queue = axqueue(name, concurrency);
+    queue["spec"]["fairness"] = json!({"key": {"label": KEY_LABEL}});
+    queue
+}
+
+/// Gives unit number `index` of an `ax-keys` run its key, one of `keys`.
+pub fn set_key(object: &mut Value, index: usize, keys: usize) {
+    object["metadata"]["labels"][KEY_LABEL] = format!("k-{}", index % keys.max(1)).into();
 }
 
 /// The AxTask whose worker pod `worker-pods` copies: what the pod says about it (its name,
@@ -392,6 +411,20 @@ mod tests {
         start_ms: 20,
         work_ms: 100,
     };
+
+    #[test]
+    fn ax_keys_units_spread_over_the_keys_of_a_fair_queue() {
+        let mut task = Kind::AxKeys.object("u-1", &WORKER, "q").unwrap();
+        assert_eq!(task, Kind::Ax.object("u-1", &WORKER, "q").unwrap());
+        set_key(&mut task, 10_007, 10_000);
+        assert_eq!(task["metadata"]["labels"][KEY_LABEL], "k-7");
+        assert_eq!(task["metadata"]["labels"][BENCH_LABEL], BENCH_LABEL_VALUE);
+        let queue = axqueue_keyed("q", 1000);
+        assert_eq!(queue["spec"]["fairness"]["key"]["label"], KEY_LABEL);
+        assert_eq!(queue["spec"]["concurrency"], 1000);
+        assert!(Kind::AxKeys.needs_queue());
+        assert_eq!(Kind::AxKeys.as_str(), "ax-keys");
+    }
 
     #[test]
     fn every_kind_runs_the_same_pod_spec() {
