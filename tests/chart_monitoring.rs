@@ -153,8 +153,8 @@ fn the_grafana_dashboard_is_off_by_default_and_labelled_for_the_sidecar_when_on(
     assert_eq!(map["metadata"]["namespace"].as_str(), Some(NAMESPACE));
 }
 
-/// The panels issues 15 and 28 ask for, by title.
-const REQUIRED_PANELS: [&str; 9] = [
+/// The panels issues 15, 28 and 29 ask for, by title.
+const REQUIRED_PANELS: [&str; 11] = [
     "Throughput",
     "Dispatch latency",
     "Pending per bucket",
@@ -164,6 +164,8 @@ const REQUIRED_PANELS: [&str; 9] = [
     "Open circuits",
     "Leader",
     "Reconcile errors",
+    "Tasks per key",
+    "Preemptions",
 ];
 
 #[test]

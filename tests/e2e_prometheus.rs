@@ -373,6 +373,8 @@ async fn prometheus_answers_promql_about_a_known_run_and_every_dashboard_panel_h
         json!({
             "concurrency": 2,
             "circuitBreaker": {"windowSize": 4, "minRequests": 4, "failureRatio": 0.5, "openSeconds": 600},
+            // One namespace: the same order as without, and the per-key panel has its series.
+            "fairness": {},
         }),
     )
     .await;
