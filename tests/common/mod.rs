@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use ax::api::{AxTask, HistoryEntry, TaskPhase};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -46,6 +46,23 @@ pub async fn namespace(client: &Client, test: &str) -> String {
     api.create(&PostParams::default(), &ns)
         .await
         .expect("create namespace");
+    // Until the controller manager has made the namespace's `default` ServiceAccount, the API
+    // server refuses every pod (PodForbidden): a dispatch then costs an extra attempt, which tests
+    // that count dispatches would see under load.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while accounts
+        .get_opt("default")
+        .await
+        .expect("read ServiceAccount")
+        .is_none()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "namespace {name} has no default ServiceAccount after 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     name
 }
 
