@@ -372,7 +372,7 @@ proptest! {
 #[test]
 fn keys_from_a_label_or_payload_share_within_one_namespace_and_across_namespaces() {
     // Customers x and y, x with a backlog, both from one namespace; y's tasks also come from a
-    // second namespace and count as one key: y gets half the dispatches, not a third.
+    // second namespace and count as one key: x and y take turns, and y's limit covers both.
     let mut dispatcher: Dispatcher<u32> = Dispatcher::new(QueueConfig {
         key_concurrency: Some(KeyConcurrency {
             limit: None,

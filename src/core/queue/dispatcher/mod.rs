@@ -10,8 +10,9 @@
 //! concurrency, open circuit, no retry token): a blocked lane never holds up the tasks behind it,
 //! and choosing costs O(log n) plus one check per blocked lane head, never a scan of the pending
 //! tasks. Without `fairness` all heads form one set (oldest first, whoever's); with it, one set per
-//! tenant (its key: the namespace, or a label or payload value), and the bucket takes the tenant of the lowest stride-scheduling
-//! pass (`bucket`): round robin between tenants, weighted by `fairness.weights`.
+//! tenant (its key: the namespace, or a label or payload value), and the bucket takes the tenant of
+//! the lowest stride-scheduling pass (`bucket`): round robin between tenants, weighted by
+//! `fairness.weights`.
 //!
 //! Circuit breakers are per (namespace, task type): a queue shared by several teams' namespaces
 //! must not let one team's failing tasks hold another team's tasks of the same type. Type limits
