@@ -243,26 +243,10 @@ async fn keys_from_a_label_then_a_payload_field_limit_customers_within_one_names
     let held = wait_for_reason(&client, &ns, "KeyConcurrencyLimit").await;
     assert!(held.contains("key x (label:customer)"), "{held}");
     let done = wait_all_terminal(&client, &ns, Duration::from_secs(300)).await;
-    let of = |prefix: &str| -> Vec<AxTask> {
-        done.iter()
-            .filter(|t| t.name_any().starts_with(prefix))
-            .cloned()
-            .collect()
-    };
-    for t in &done {
-        assert_eq!(phase(t), Some(TaskPhase::Succeeded), "{}", names(t));
-        let key = t.status.as_ref().and_then(|s| s.queue_key.clone());
-        let customer = &t.name_any()[..1];
-        assert_eq!(
-            key.map(|k| (k.from, k.value)),
-            Some(("label:customer".to_string(), customer.to_string())),
-            "{}",
-            names(t)
-        );
-    }
+    succeeded_under_their_customers(&done, "label:customer");
     let (x_most, y_most) = (
-        most_at_once(&spans(&of("x-"))),
-        most_at_once(&spans(&of("y-"))),
+        most_at_once(&spans(&named(&done, "x-"))),
+        most_at_once(&spans(&named(&done, "y-"))),
     );
     println!("most at once: x {x_most}, y {y_most}");
     assert!(x_most <= 2, "{x_most} of customer x ran at once");
@@ -303,32 +287,38 @@ async fn keys_from_a_label_then_a_payload_field_limit_customers_within_one_names
     let held = wait_for_reason(&client, &ns, "KeyConcurrencyLimit").await;
     assert!(held.contains("key p (payload:customer.id)"), "{held}");
     let done = wait_all_terminal(&client, &ns, Duration::from_secs(300)).await;
-    let of = |prefix: &str| -> Vec<AxTask> {
-        done.iter()
-            .filter(|t| t.name_any().starts_with(prefix))
-            .cloned()
-            .collect()
-    };
-    for t in of("p-").iter().chain(&of("q-")) {
-        assert_eq!(phase(t), Some(TaskPhase::Succeeded), "{}", names(t));
-        let key = t.status.as_ref().and_then(|s| s.queue_key.clone());
-        assert_eq!(
-            key.map(|k| (k.from, k.value)),
-            Some((
-                "payload:customer.id".to_string(),
-                t.name_any()[..1].to_string()
-            )),
-            "{}",
-            names(t)
-        );
-    }
+    let payload_keyed: Vec<AxTask> = [named(&done, "p-"), named(&done, "q-")].concat();
+    succeeded_under_their_customers(&payload_keyed, "payload:customer.id");
     let (p_most, q_most) = (
-        most_at_once(&spans(&of("p-"))),
-        most_at_once(&spans(&of("q-"))),
+        most_at_once(&spans(&named(&done, "p-"))),
+        most_at_once(&spans(&named(&done, "q-"))),
     );
     println!("most at once: p {p_most}, q {q_most}");
     assert_eq!(p_most, 1, "customer p ran {p_most} at once");
     assert!(q_most > 1, "customer q ran at most {q_most} at once");
+}
+
+/// The tasks of `done` whose names start with `prefix`: one customer's.
+fn named(done: &[AxTask], prefix: &str) -> Vec<AxTask> {
+    done.iter()
+        .filter(|t| t.name_any().starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+/// Every task Succeeded, counted under the key `from` gives: the customer its name starts with.
+fn succeeded_under_their_customers(tasks: &[AxTask], from: &str) {
+    for t in tasks {
+        assert_eq!(phase(t), Some(TaskPhase::Succeeded), "{}", names(t));
+        let key = t.status.as_ref().and_then(|s| s.queue_key.clone());
+        let customer = &t.name_any()[..1];
+        assert_eq!(
+            key.map(|k| (k.from, k.value)),
+            Some((from.to_string(), customer.to_string())),
+            "{}",
+            names(t)
+        );
+    }
 }
 
 /// The message of a `Queued` condition of some task in `ns` with that reason.
