@@ -118,7 +118,7 @@ start_operator
 phase_done "install CRDs, RBAC, operator" ok
 
 # Tests that start, kill or install operators themselves run after the shared one is stopped.
-OWN_OPERATOR=(e2e_restart e2e_writes e2e_readiness e2e_fencing_disruption e2e_cron_restart e2e_cli_restart e2e_memory e2e_helm)
+OWN_OPERATOR=(e2e_restart e2e_traces e2e_writes e2e_readiness e2e_fencing_disruption e2e_cron_restart e2e_cli_restart e2e_memory e2e_helm)
 # Tests that need the shared operator but measure rates or capacity, or time a worker's stop on the
 # real kubelet (e2e_fencing: beside 60 other tests its sandbox teardown took 40 s and a worker's
 # exit code was lost), run on their own beside it.

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use ax::controller::run::{Settings, run};
 use ax::core::egress::Allowlist;
+use ax::core::trace::Sampler;
 use ax::ops::api_requests::CountRequestsLayer;
 use ax::ops::http::{self, HttpState};
 use ax::ops::leader::{LEASE_NAME, Leadership, LeaseSettings, Role};
 use ax::ops::metrics::{DEFAULT_MAX_TYPES, Metrics};
+use ax::ops::traces::{TraceConfig, TraceProtocol, Traces};
 use clap::Parser;
 use tokio::sync::watch;
 use tracing::{error, info};
@@ -81,6 +83,21 @@ struct Args {
     /// makes up types cannot grow the metrics without bound.
     #[arg(long, env = "AX_METRICS_MAX_TYPES", default_value_t = DEFAULT_MAX_TYPES)]
     metrics_max_types: usize,
+    /// OTLP endpoint for task traces (`http://collector:4317` for gRPC, `http://collector:4318`
+    /// for HTTP). Unset: no traces, and tasks get no `status.trace`.
+    #[arg(long, env = "AX_TRACE_ENDPOINT")]
+    trace_endpoint: Option<String>,
+    /// How spans reach the endpoint: OTLP over gRPC or over HTTP (protobuf).
+    #[arg(long, env = "AX_TRACE_PROTOCOL", value_enum, default_value = "http")]
+    trace_protocol: TraceProtocol,
+    /// Which task traces are exported: `always`, `ratio` (of trace ids) or `parentbased` (the
+    /// submitter's decision when a task continues its trace, else the ratio).
+    #[arg(long, env = "AX_TRACE_SAMPLER", value_parser = ["always", "ratio", "parentbased"],
+        default_value = "parentbased")]
+    trace_sampler: String,
+    /// The fraction of traces `ratio` and `parentbased` sample, from 0 to 1.
+    #[arg(long, env = "AX_TRACE_SAMPLER_RATIO", default_value_t = 1.0)]
+    trace_sampler_ratio: f64,
 }
 
 /// A number of seconds from 0 to one hour.
@@ -122,6 +139,18 @@ async fn main() -> Result<(), BoxError> {
         .with_layer(&CountRequestsLayer::new(metrics.clone()))
         .build();
 
+    let traces = match &args.trace_endpoint {
+        Some(endpoint) => Traces::start(
+            &TraceConfig {
+                endpoint: endpoint.clone(),
+                protocol: args.trace_protocol,
+                sampler: Sampler::parse(&args.trace_sampler, args.trace_sampler_ratio)?,
+            },
+            metrics.clone(),
+        )?,
+        None => Traces::off(),
+    };
+
     let http_state = HttpState::new(metrics.clone());
     let server_state = http_state.clone();
     let addr = args.metrics_addr;
@@ -143,6 +172,7 @@ async fn main() -> Result<(), BoxError> {
         caches_synced,
         progress_write_delay: Duration::from_secs_f64(args.progress_write_delay_seconds),
         progress_writes_per_second: args.progress_writes_per_second,
+        traces,
     };
     if !args.leader_elect {
         let (_always_leader, roles) = watch::channel(Role::Leader);

@@ -187,6 +187,10 @@ pub struct AxDagStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]
     pub finished_at: Option<Timestamp>,
+    /// The DAG's OpenTelemetry trace (see the AxTask's `status.trace`); its tasks' traces are
+    /// children of its span.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::api::TraceContext>,
     /// `Ready` (true once Succeeded), `Failed` (true once Failed) and `InvalidSpec` (true when the graph
     /// cannot run).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -393,6 +393,23 @@ pub struct QueueKey {
     pub value: String,
 }
 
+/// The trace a task's (or DAG's) spans belong to (W3C trace context, lowercase hex).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TraceContext {
+    /// 32 hex digits: the submitter's trace when the object carried `ax.dev/traceparent`, else one
+    /// of its own.
+    #[schemars(regex(pattern = r"^[0-9a-f]{32}$"))]
+    pub trace_id: String,
+    /// 16 hex digits: the span of the submitter (or the DAG) that the object's span is a child of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-f]{16}$"))]
+    pub parent_span_id: Option<String>,
+    /// Whether the trace is sampled: its spans are exported, and workers are told so.
+    #[serde(default)]
+    pub sampled: bool,
+}
+
 /// Where the task stands, its attempts and every transition, as the operator records them.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -428,6 +445,10 @@ pub struct AxTaskStatus {
     /// namespace is its key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_key: Option<QueueKey>,
+    /// The task's OpenTelemetry trace, fixed at its first status write while the operator exports
+    /// traces; it continues the `ax.dev/traceparent` annotation when the task has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
     /// Pending after a failure: the next attempt is not dispatched before this time (backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "date_time")]

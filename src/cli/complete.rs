@@ -66,6 +66,7 @@ const VALUE_FLAGS: &[&str] = &[
     "--start-after",
     "--ttl",
     "--label",
+    "--traceparent",
     "--file",
 ];
 

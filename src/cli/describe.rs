@@ -34,6 +34,17 @@ fn field(out: &mut String, label: &str, value: impl AsRef<str>) {
     out.push_str(&format!("{:<15}{}\n", format!("{label}:"), value));
 }
 
+/// The trace id, what it continues, and whether it is exported.
+fn trace_line(trace: &crate::api::TraceContext) -> String {
+    let parent = trace
+        .parent_span_id
+        .as_ref()
+        .map(|p| format!(" (child of span {p})"))
+        .unwrap_or_default();
+    let sampled = if trace.sampled { "" } else { "   not sampled" };
+    format!("{}{parent}{sampled}", trace.trace_id)
+}
+
 fn indented(text: &str) -> String {
     text.lines().map(|l| format!("  {l}\n")).collect()
 }
@@ -124,6 +135,9 @@ pub fn render(task: &AxTask, pods: &[PodInfo], now: Timestamp) -> String {
     }
     if let Some(dead) = &status.dead_reason {
         field(&mut out, "Dead reason", dead);
+    }
+    if let Some(trace) = &status.trace {
+        field(&mut out, "Trace", trace_line(trace));
     }
     if spec.rerun > 0 || status.observed_rerun > 0 {
         let pending = if spec.rerun > status.observed_rerun {
@@ -312,6 +326,9 @@ pub fn render_dag(dag: &AxDag, now: Timestamp) -> String {
     );
     field(&mut out, "Started", when(status.started_at, now));
     field(&mut out, "Finished", when(status.finished_at, now));
+    if let Some(trace) = &status.trace {
+        field(&mut out, "Trace", trace_line(trace));
+    }
     if spec.rerun > 0 || status.observed_rerun > 0 {
         field(
             &mut out,

@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use crate::api::{AxTask, Priority};
+use crate::core::trace::{TRACEPARENT_ANNOTATION, TraceParent};
 
 use super::error::ClientError;
 use super::format::parse_seconds;
@@ -75,6 +76,10 @@ pub struct TaskFields {
     /// `--label-columns`.
     #[arg(long = "label")]
     pub labels: Vec<String>,
+    /// W3C traceparent of the submitting service (`00-<trace id>-<span id>-<flags>`): the task's
+    /// trace continues it (annotation `ax.dev/traceparent`).
+    #[arg(long)]
+    pub traceparent: Option<String>,
 }
 
 fn usage(text: impl Into<String>) -> ClientError {
@@ -171,6 +176,13 @@ pub fn build_task_value(
             meta["labels"] = json!({});
         }
         meta["labels"][k] = v.into();
+    }
+    if let Some(traceparent) = &fields.traceparent {
+        TraceParent::parse(traceparent).map_err(|e| usage(format!("--traceparent: {e}")))?;
+        if !meta["annotations"].is_object() {
+            meta["annotations"] = json!({});
+        }
+        meta["annotations"][TRACEPARENT_ANNOTATION] = traceparent.trim().into();
     }
     // Server-set fields of an exported manifest would make the create fail.
     if let Some(m) = meta.as_object_mut() {

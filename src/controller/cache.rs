@@ -37,6 +37,7 @@ use kube::{Client, Resource};
 use super::{TaskKey, readable};
 use crate::api::{AxDag, AxTask, PodTemplate, TaskPhase};
 use crate::core::task as core;
+use crate::core::trace::TRACEPARENT_ANNOTATION;
 use crate::core::worker::MAIN_CONTAINER_ANNOTATION;
 
 /// The validation error of the dropped spec, if any.
@@ -58,6 +59,9 @@ fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
     if core::main_has_probe(&t.spec) {
         cached.insert(MAIN_PROBE.to_string(), "true".to_string());
     }
+    if let Some(parent) = annotation(t, TRACEPARENT_ANNOTATION) {
+        cached.insert(TRACEPARENT_ANNOTATION.to_string(), parent.to_string());
+    }
     t.metadata.managed_fields = None;
     // Most tasks have no fact to note: no map at all, rather than an empty one.
     t.metadata.annotations = (!cached.is_empty()).then_some(cached);
@@ -72,7 +76,14 @@ fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
 /// creates children reads the whole DAG first (see [`dag_is_reduced`]).
 pub fn dag(d: &mut AxDag) {
     d.metadata.managed_fields = None;
-    d.metadata.annotations = None;
+    // The submitter's trace context is the one annotation kept: the DAG's first status write
+    // records its trace from it.
+    d.metadata.annotations = d
+        .metadata
+        .annotations
+        .take()
+        .and_then(|mut a| a.remove_entry(TRACEPARENT_ANNOTATION))
+        .map(|entry| BTreeMap::from([entry]));
     for task in &mut d.spec.tasks {
         task.spec.template = PodTemplate::absent();
         task.spec.payload = None;
@@ -459,6 +470,12 @@ pub fn main_has_probe(t: &AxTask) -> bool {
     } else {
         core::main_has_probe(&t.spec)
     }
+}
+
+/// The submitter's `ax.dev/traceparent`, which the cache keeps (the first status write records the
+/// trace it names).
+pub fn traceparent(t: &AxTask) -> Option<&str> {
+    annotation(t, TRACEPARENT_ANNOTATION)
 }
 
 fn annotation<'a>(t: &'a AxTask, key: &str) -> Option<&'a str> {

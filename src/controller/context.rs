@@ -68,6 +68,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// See `core::task::Inputs::progress_write_delay`.
     pub progress_write_delay: Duration,
+    /// Task spans go here (`ops::traces`); off unless an OTLP endpoint is configured.
+    pub traces: crate::ops::traces::Traces,
     /// A due progress write joined the line (`task::pace_progress_writes`).
     pub progress_due: Notify,
 }

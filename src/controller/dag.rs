@@ -24,13 +24,14 @@ use super::write::{self, ApiError};
 use super::{Ctx, Error, FIELD_MANAGER, Result, cache};
 use crate::api::{
     AxDag, AxDagStatus, AxTask, AxTaskSpec, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK,
-    TaskPhase,
+    TaskPhase, TraceContext,
 };
 use crate::core::conditions;
 use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
 };
 use crate::core::dag::{self as core, DagNode};
+use crate::core::trace::{self, TRACEPARENT_ANNOTATION};
 
 /// How soon to look again when a child's name is taken by an object this DAG does not own.
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(30);
@@ -184,7 +185,10 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
             None => return Ok(Requeue::await_change()),
         }
     };
-    let status = graph_status(&graph, &dag, &before, &evaluation, now);
+    let mut status = graph_status(&graph, &dag, &before, &evaluation, now);
+    if status.trace.is_none() && !status.phase.is_some_and(DagPhase::is_terminal) {
+        status.trace = trace_of(&dag, &uid, &ctx);
+    }
     let original = dag.status.clone().unwrap_or_default();
     // Status before children: the write is preconditioned on the resourceVersion this decision
     // read, so children are created only from the DAG's latest status. A child that finished, was
@@ -200,7 +204,12 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     let mut name_taken = false;
     for task in &create {
         let spec = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
-        match create_child(&dag, &uid, &graph.child_name(task), task, spec, &ctx).await? {
+        let traceparent = status
+            .trace
+            .as_ref()
+            .map(|t| trace::child_traceparent(t, &uid, status.observed_rerun));
+        let child_name = graph.child_name(task);
+        match create_child(&dag, &uid, &child_name, task, spec, traceparent, &ctx).await? {
             Created::Yes => ctx.dag_children.created(&uid, task, (), Instant::now()),
             Created::NameTaken => name_taken = true,
         }
@@ -427,11 +436,15 @@ async fn create_child(
     child_name: &str,
     task: &str,
     spec: &AxTaskSpec,
+    traceparent: Option<String>,
     ctx: &Ctx,
 ) -> Result<Created> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let mut child = AxTask::new(child_name, spec.clone());
     child.metadata.namespace = Some(namespace.clone());
+    // The child's trace is a child of the DAG's span.
+    child.metadata.annotations =
+        traceparent.map(|t| BTreeMap::from([(TRACEPARENT_ANNOTATION.to_owned(), t)]));
     child.metadata.labels = Some(BTreeMap::from([
         (LABEL_DAG.to_owned(), dag.name_any()),
         (LABEL_DAG_TASK.to_owned(), task.to_owned()),
@@ -543,8 +556,57 @@ async fn write_and_publish(
         && let Some(phase) = status.phase
     {
         publish_phase(dag, before.phase, phase, &status, ctx);
+        record_span(dag, phase, &status, ctx);
     }
     Ok(Some(Requeue::await_change()))
+}
+
+/// The trace a DAG without one records while traces are exported: the submitter's, from its
+/// `ax.dev/traceparent`, or one of its own.
+fn trace_of(dag: &AxDag, uid: &str, ctx: &Ctx) -> Option<TraceContext> {
+    let sampler = ctx.traces.sampler()?;
+    let annotation = dag
+        .annotations()
+        .get(TRACEPARENT_ANNOTATION)
+        .map(String::as_str);
+    let (trace, invalid) = trace::context_of(uid, annotation, sampler);
+    if let Some(invalid) = invalid {
+        publish(
+            dag,
+            EventType::Warning,
+            "InvalidTraceparent",
+            &invalid.to_string(),
+            ctx,
+        );
+    }
+    Some(trace)
+}
+
+/// The span of the DAG's run, once it has ended.
+fn record_span(dag: &AxDag, phase: DagPhase, status: &AxDagStatus, ctx: &Ctx) {
+    let (Some(trace), true) = (status.trace.as_ref(), phase.is_terminal()) else {
+        return;
+    };
+    let end = status.finished_at.unwrap_or_else(Timestamp::now);
+    let start = dag
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .or(status.started_at)
+        .unwrap_or(end);
+    let span = trace::dag_span(
+        &dag.namespace().unwrap_or_default(),
+        &dag.name_any(),
+        &dag.uid().unwrap_or_default(),
+        trace,
+        status.observed_rerun,
+        start,
+        end,
+        phase.as_str(),
+        status.progress.as_deref(),
+    );
+    ctx.traces.record(span.into_iter().collect());
 }
 
 fn publish_phase(

@@ -51,6 +51,8 @@ pub struct Settings {
     pub progress_write_delay: Duration,
     /// Due progress writes made at most this many a second (`core::task::ProgressLine`).
     pub progress_writes_per_second: u32,
+    /// Where task spans go (off when no endpoint is configured).
+    pub traces: crate::ops::traces::Traces,
 }
 
 pub async fn run(
@@ -162,6 +164,7 @@ pub async fn run(
         metrics: settings.metrics.clone(),
         progress_write_delay: settings.progress_write_delay,
         progress_due: Notify::new(),
+        traces: settings.traces.clone(),
     });
     let looking = ctx.clone();
     let owners = ctx.clone();

@@ -10,4 +10,5 @@ pub mod election;
 pub mod queue;
 pub mod selector;
 pub mod task;
+pub mod trace;
 pub mod worker;

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
 
 use crate::api::AxTask;
+use crate::core::trace;
 
 pub const LABEL_TASK: &str = "ax.dev/task";
 pub const LABEL_ATTEMPT: &str = "ax.dev/attempt";
@@ -144,6 +145,24 @@ pub fn build_pod(task: &AxTask, attempt: i32, payload_json: &str) -> Pod {
     ];
     if payload_json.len() <= ENV_PAYLOAD_MAX_BYTES {
         vars.push(("AX_PAYLOAD", payload_json));
+    }
+    // An instrumented worker's spans are children of its attempt's span (`core::trace`).
+    let traced = task
+        .status
+        .as_ref()
+        .and_then(|s| s.trace.as_ref())
+        .map(|trace| {
+            (
+                trace::worker_traceparent(trace, &uid, attempt),
+                format!(
+                    "ax.task={name},ax.namespace={namespace},ax.attempt={attempt},ax.queue={}",
+                    spec.queue
+                ),
+            )
+        });
+    if let Some((traceparent, resource)) = &traced {
+        vars.push(("TRACEPARENT", traceparent.as_str()));
+        vars.push(("OTEL_RESOURCE_ATTRIBUTES", resource.as_str()));
     }
     let env: Vec<EnvVar> = vars
         .into_iter()

@@ -251,6 +251,8 @@ pub struct Metrics {
     callbacks: Family<OutcomeOnlyLabels, Counter>,
     callback_failures: Family<ClassLabels, Counter>,
     kubernetes_requests: Family<RequestLabels, Counter>,
+    trace_spans_exported: Counter,
+    trace_spans_dropped: Counter,
     task_types: Mutex<TypeCap>,
     /// Per queue, the capped (`other`) types whose circuit is open: their one `other` series shows
     /// 1 while any of them is open, so one type closing does not hide another still open.
@@ -314,6 +316,8 @@ impl Metrics {
             callbacks: Family::default(),
             callback_failures: Family::default(),
             kubernetes_requests: Family::default(),
+            trace_spans_exported: Counter::default(),
+            trace_spans_dropped: Counter::default(),
             task_types: Mutex::new(TypeCap::new(max_types)),
             open_other_circuits: Mutex::new(HashMap::new()),
         };
@@ -457,6 +461,16 @@ impl Metrics {
             "ax_kubernetes_requests",
             "Requests of the operator to the Kubernetes API, by verb and HTTP status code",
             self.kubernetes_requests.clone(),
+        );
+        r.register(
+            "ax_trace_spans_exported",
+            "Task spans the OTLP endpoint accepted",
+            self.trace_spans_exported.clone(),
+        );
+        r.register(
+            "ax_trace_spans_dropped",
+            "Task spans dropped: the export queue was full, or the OTLP endpoint refused or could not be reached",
+            self.trace_spans_dropped.clone(),
         );
         r.register_collector(Box::new(ProcessCollector));
         self
@@ -717,6 +731,16 @@ impl Metrics {
         }
     }
 
+    /// `count` spans reached the OTLP endpoint.
+    pub fn trace_spans_exported(&self, count: u64) {
+        self.trace_spans_exported.inc_by(count);
+    }
+
+    /// `count` spans were dropped (queue full, endpoint down or refusing).
+    pub fn trace_spans_dropped(&self, count: u64) {
+        self.trace_spans_dropped.inc_by(count);
+    }
+
     /// The operator sent a `verb` request to the Kubernetes API and got `code`.
     pub fn kubernetes_request(&self, verb: &str, code: &str) {
         self.kubernetes_requests
@@ -815,6 +839,8 @@ mod tests {
             ("counter", "ax_callbacks"),
             ("counter", "ax_callback_failures"),
             ("counter", "ax_kubernetes_requests"),
+            ("counter", "ax_trace_spans_exported"),
+            ("counter", "ax_trace_spans_dropped"),
         ] {
             assert!(
                 text.contains(&format!("# TYPE {name} {kind}\n")),

@@ -7,3 +7,4 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod process;
+pub mod traces;

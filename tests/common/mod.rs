@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod helm;
 pub mod metrics;
 pub mod operator;
+pub mod otlp;
 pub mod process;
 pub mod queue;
 pub mod sim;

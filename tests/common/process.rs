@@ -195,12 +195,25 @@ impl Operator {
 
     /// `/readyz`: (status code, body), or None while nothing listens yet.
     pub async fn readyz(&self) -> Option<(u16, String)> {
+        self.http_get("/readyz").await
+    }
+
+    /// `/metrics` as text, or None while nothing listens yet.
+    pub async fn metrics(&self) -> Option<String> {
+        self.http_get("/metrics")
+            .await
+            .filter(|(code, _)| *code == 200)
+            .map(|(_, body)| body)
+    }
+
+    /// GET `path` of its HTTP endpoint: (status code, body).
+    async fn http_get(&self, path: &str) -> Option<(u16, String)> {
         let port = self
             .http_port
             .expect("an operator started with OperatorBuilder::http_port");
         let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
         stream
-            .write_all(b"GET /readyz HTTP/1.0\r\nhost: localhost\r\n\r\n")
+            .write_all(format!("GET {path} HTTP/1.0\r\nhost: localhost\r\n\r\n").as_bytes())
             .await
             .ok()?;
         let mut response = String::new();

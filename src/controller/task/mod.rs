@@ -22,10 +22,11 @@ pub use report::publish_transitions;
 use super::cache::{CachedTask, SettledTask};
 use super::write::{self, ApiError};
 use super::{Ctx, Error, Result, TaskKey, cache, task_key, version_of};
-use crate::api::AxTask;
+use crate::api::{AxTask, AxTaskStatus, TaskPhase, TraceContext};
 use crate::core::queue::key::KeySource;
 use crate::core::queue::{holder, pending_of};
 use crate::core::task::{self as core, Action, Clock, Decision, Inputs, QueueState, Refusal};
+use crate::core::trace;
 use crate::core::worker::WorkerState;
 use pods::{
     Created, create_pod, kill_pod, observe_pod, pods_named, pods_of, read_pod, remove_finalizer,
@@ -47,7 +48,7 @@ pub fn clock(ctx: &Ctx) -> Clock<'_> {
 }
 
 #[tracing::instrument(skip_all, fields(namespace = cached.namespace(), name = cached.name_any(),
-    attempt = tracing::field::Empty))]
+    attempt = tracing::field::Empty, trace_id = tracing::field::Empty))]
 pub async fn reconcile(cached: Arc<CachedTask>, ctx: Ctx) -> Result<Requeue> {
     let _timer = ctx.metrics.reconcile_timer("axtask");
     // A pod missing from an incomplete cache would look deleted: decide only on complete caches.
@@ -83,7 +84,11 @@ pub async fn reconcile(cached: Arc<CachedTask>, ctx: Ctx) -> Result<Requeue> {
         }
     };
     let attempt = task.status.as_ref().map_or(0, |s| s.attempt);
-    tracing::Span::current().record("attempt", attempt);
+    let span = tracing::Span::current();
+    span.record("attempt", attempt);
+    if let Some(trace) = task.status.as_ref().and_then(|s| s.trace.as_ref()) {
+        span.record("trace_id", trace.trace_id.as_str());
+    }
     decide_on(task, key, ctx).await
 }
 
@@ -259,6 +264,7 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
             )
         };
         let name = current.name_any();
+        let trace = trace_of(&current, &status, &ctx);
         let mut inputs = Inputs {
             task_name: &name,
             spec: &current.spec,
@@ -273,6 +279,7 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
                 .as_ref()
                 .map(|(reason, message)| (*reason, message.as_str())),
             queue_key: queue_key.as_ref(),
+            trace: trace.as_ref(),
             draining,
             preempted,
             refused: refused.as_ref(),
@@ -330,6 +337,28 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
         }
     }
     Ok(Requeue::requeue(Duration::from_secs(1)))
+}
+
+/// The trace a task without one records while traces are exported (`core::trace::context_of`):
+/// the submitter's, from its `ax.dev/traceparent`, or one of its own. A traceparent that does not
+/// parse is reported and a trace of its own started.
+fn trace_of(task: &AxTask, status: &AxTaskStatus, ctx: &Ctx) -> Option<TraceContext> {
+    let sampler = ctx.traces.sampler()?;
+    if status.trace.is_some() || status.phase.is_some_and(TaskPhase::is_terminal) {
+        return None;
+    }
+    let uid = task.uid()?;
+    let (trace, invalid) = trace::context_of(&uid, cache::traceparent(task), sampler);
+    if let Some(invalid) = invalid {
+        publish(
+            task,
+            EventType::Warning,
+            "InvalidTraceparent",
+            &invalid.to_string(),
+            ctx,
+        );
+    }
+    Some(trace)
 }
 
 /// Offers a task that waits for a slot to its queue: one dispatch step runs now. Returns whether it
@@ -419,7 +448,7 @@ async fn apply(
             None => return Ok(Applied::Done(Requeue::await_change())),
         }
     }
-    publish_transitions(&written, &decision.transitions, ctx);
+    publish_transitions(task.status.as_ref(), &written, &decision.transitions, ctx);
     update_queue(key, &written, &decision, ctx);
 
     let mut requeue = decision.requeue_after;
@@ -494,7 +523,12 @@ async fn put_off(
                 let result = write::task_status(&ctx.client, task, &decision.status).await;
                 return Ok(match landed(result, key, ctx)? {
                     Some(written) => {
-                        publish_transitions(&written, &decision.transitions, ctx);
+                        publish_transitions(
+                            task.status.as_ref(),
+                            &written,
+                            &decision.transitions,
+                            ctx,
+                        );
                         Applied::Refused(written, refusal)
                     }
                     None => Applied::Done(Requeue::await_change()),

@@ -5,14 +5,25 @@ use std::time::Duration;
 
 use kube::runtime::events::EventType;
 
-use crate::api::{AxTask, HistoryEntry, TaskPhase};
+use kube::ResourceExt;
+
+use crate::api::{AxTask, AxTaskStatus, HistoryEntry, TaskPhase};
 use crate::controller::Ctx;
 use crate::core::task::{self as core, Notice};
+use crate::core::trace::{self, Subject};
 
 /// Metrics for every transition; an Event for those that tell a person something (failures,
-/// timeouts, outcomes, refusals, re-runs). Events are sent in the background: they are a record
-/// for people, never on the path that moves a task. The history in the status is the full record.
-pub fn publish_transitions(task: &AxTask, transitions: &[HistoryEntry], ctx: &Ctx) {
+/// timeouts, outcomes, refusals, re-runs); the spans they end, when traces are exported. Events and
+/// spans are sent in the background: they are a record for people, never on the path that moves a
+/// task. The history in the status is the full record. `before` is the status written before
+/// `task`'s.
+pub fn publish_transitions(
+    before: Option<&AxTaskStatus>,
+    task: &AxTask,
+    transitions: &[HistoryEntry],
+    ctx: &Ctx,
+) {
+    record_spans(before, task, transitions, ctx);
     for t in transitions {
         record_metrics(task, t, ctx);
         let Some(notice) = core::notice(t) else {
@@ -31,6 +42,45 @@ pub fn publish_transitions(task: &AxTask, transitions: &[HistoryEntry], ctx: &Ct
         );
         publish(task, kind, &t.reason, &note, ctx);
     }
+}
+
+/// The spans `transitions` end, handed to the exporter (`core::trace::spans_ended`).
+fn record_spans(
+    before: Option<&AxTaskStatus>,
+    task: &AxTask,
+    transitions: &[HistoryEntry],
+    ctx: &Ctx,
+) {
+    if ctx.traces.sampler().is_none() || transitions.is_empty() {
+        return;
+    }
+    let Some(status) = task.status.as_ref() else {
+        return;
+    };
+    let Some(context) = status.trace.as_ref() else {
+        return;
+    };
+    let (namespace, name, uid) = (
+        task.namespace().unwrap_or_default(),
+        task.name_any(),
+        task.uid().unwrap_or_default(),
+    );
+    let subject = Subject {
+        namespace: &namespace,
+        name: &name,
+        uid: &uid,
+        created: task.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        task_type: &task.spec.task_type,
+        queue: &task.spec.queue,
+        priority: task.spec.priority.as_str(),
+    };
+    ctx.traces.record(trace::spans_ended(
+        &subject,
+        context,
+        before,
+        status,
+        transitions,
+    ));
 }
 
 pub(super) fn record_metrics(task: &AxTask, t: &HistoryEntry, ctx: &Ctx) {

@@ -123,6 +123,7 @@ pub fn graph_status(
         progress: Some(evaluation.progress()),
         started_at: before.started_at.or(any_child.then_some(now)),
         finished_at: finished_at(phase, before, now),
+        trace: before.trace.clone(),
         conditions,
         observed_generation: generation,
         observed_rerun: before.observed_rerun,
@@ -142,6 +143,7 @@ pub fn invalid_status(
         progress: Some(format!("0/{}", dag.spec.tasks.len())),
         started_at: before.started_at,
         finished_at: finished_at(DagPhase::Failed, before, now),
+        trace: before.trace.clone(),
         conditions: vec![
             condition(
                 &before.conditions,

@@ -39,7 +39,7 @@ pub use validate::{
 
 use crate::api::{
     ATTEMPTS_CAP, AttemptRecord, AxTaskSpec, AxTaskStatus, Failure, FailureKind, HistoryEntry,
-    QueueKey, TaskPhase,
+    QueueKey, TaskPhase, TraceContext,
 };
 use crate::core::conditions::CALLBACK_DELIVERED;
 use crate::core::queue::{HeldReason, Outcome};
@@ -87,6 +87,9 @@ pub struct Inputs<'a> {
     /// The task's key in its queue when the queue takes it from a label or the payload
     /// (`core::queue::key`), recorded in the status while the task is not finished.
     pub queue_key: Option<&'a QueueKey>,
+    /// The task's trace (`core::trace::context_of`) while the operator exports traces: recorded
+    /// with the first status write that has none, and kept from then on.
+    pub trace: Option<&'a TraceContext>,
     /// The task's queue is draining (`stopPolicy: HoldAndDrain`): a dispatched attempt is stopped.
     pub draining: bool,
     /// The queue chose the task's running attempt to stop for a waiting task of higher priority.
@@ -121,6 +124,7 @@ impl<'a> Inputs<'a> {
             granted: false,
             held: None,
             queue_key: status.queue_key.as_ref(),
+            trace: None,
             draining: false,
             preempted: false,
             refused: None,
@@ -323,6 +327,9 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
     d.status.observed_generation = inputs.generation;
     if !d.status.phase.is_some_and(TaskPhase::is_terminal) {
         d.status.queue_key = inputs.queue_key.cloned();
+        if d.status.trace.is_none() {
+            d.status.trace = inputs.trace.cloned();
+        }
     }
     if let Some((result, message)) = inputs.callback {
         d.status = callback_outcome(&d.status, result, message, now);
