@@ -277,6 +277,42 @@ fn the_network_policy_admits_only_the_http_port_and_only_when_enabled() {
 }
 
 /// JSON Schema type names a value of values.yaml may have.
+#[test]
+fn tracing_is_off_by_default_and_its_values_become_the_operators_flags() {
+    let args = |docs: &[Value]| -> Vec<String> {
+        one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .filter(|a| a.starts_with("--trace-"))
+            .collect()
+    };
+    assert!(args(&render(&[])).is_empty());
+    let on = render(&[
+        "--set",
+        "tracing.endpoint=http://otel-collector.observability:4317",
+        "--set",
+        "tracing.protocol=grpc",
+        "--set",
+        "tracing.sampler=ratio",
+        // `--set` reads 0.25 as a string.
+        "--set-json",
+        "tracing.samplerRatio=0.25",
+    ]);
+    assert_eq!(
+        args(&on),
+        [
+            "--trace-endpoint=http://otel-collector.observability:4317",
+            "--trace-protocol=grpc",
+            "--trace-sampler=ratio",
+            "--trace-sampler-ratio=0.25",
+        ]
+    );
+    assert!(refused(&["--set", "tracing.protocol=thrift"]).contains("tracing"));
+    assert!(refused(&["--set-json", "tracing.samplerRatio=2"]).contains("samplerRatio"));
+}
+
 fn json_types(value: &Value) -> &'static [&'static str] {
     match value {
         Value::Null => &["null"],
