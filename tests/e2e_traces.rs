@@ -21,12 +21,21 @@ use serde_json::json;
 const SUBMITTER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SUBMITTER_SPAN: &str = "00f067aa0ba902b7";
 
+/// The callback receiver's address: loopback, which the operator calls only because its allowlist
+/// names it.
+const CALLBACK_RECEIVER_IP: &str = "127.0.0.2";
+
 fn operator(identity: &str, endpoint: &str) -> Operator {
+    operator_over(identity, endpoint, "http")
+}
+
+fn operator_over(identity: &str, endpoint: &str, protocol: &str) -> Operator {
     Operator::builder(identity)
         .log("operator-traces.log")
         .env("AX_TRACE_ENDPOINT", endpoint)
-        .env("AX_TRACE_PROTOCOL", "http")
+        .env("AX_TRACE_PROTOCOL", protocol)
         .env("AX_TRACE_SAMPLER", "parentbased")
+        .env("AX_CALLBACK_ALLOW", &format!("{CALLBACK_RECEIVER_IP}/32"))
         .http_port()
         .start()
 }
@@ -229,11 +238,12 @@ async fn the_trace_survives_an_operator_sigkill_between_attempts() {
 }
 
 #[tokio::test]
-async fn a_dags_tasks_are_children_of_its_span() {
+async fn a_dags_tasks_are_children_of_its_span_over_grpc() {
     let client = client().await;
     let ns = namespace(&client, "traces-dag").await;
     let receiver = OtlpReceiver::start().await;
-    let _operator = operator("traces-d", &receiver.http_endpoint());
+    // This one exports over gRPC.
+    let _operator = operator_over("traces-d", &receiver.grpc_endpoint(), "grpc");
 
     let worker = SimWorker::running_for(300).start_ms(100);
     let dag: AxDag = serde_json::from_value(json!({
@@ -313,4 +323,117 @@ async fn an_endpoint_that_is_down_drops_spans_and_tasks_run_as_usual() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+#[tokio::test]
+async fn a_crons_child_links_to_its_firing_and_a_callback_joins_the_trace() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let client = client().await;
+    let ns = namespace(&client, "traces-cron").await;
+    let receiver = OtlpReceiver::start().await;
+    let _operator = operator("traces-f", &receiver.http_endpoint());
+
+    // The callback receiver answers one POST and keeps its head.
+    let listener = tokio::net::TcpListener::bind((CALLBACK_RECEIVER_IP, 0))
+        .await
+        .unwrap();
+    let url = format!(
+        "http://{CALLBACK_RECEIVER_IP}:{}/done",
+        listener.local_addr().unwrap().port()
+    );
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while !String::from_utf8_lossy(&request).contains("\r\n\r\n") {
+            let n = socket.read(&mut buffer).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            request.extend_from_slice(&buffer[..n]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&request).to_lowercase()
+    });
+
+    let worker = SimWorker::running_for(200).start_ms(100);
+    let cron: ax::api::AxCron = serde_json::from_value(json!({
+        "apiVersion": "ax.dev/v1alpha1",
+        "kind": "AxCron",
+        "metadata": {"name": "tick"},
+        "spec": {
+            "schedule": "*/3 * * * * *",
+            "task": {
+                "type": "trace-cron",
+                "template": {"spec": worker.pod_spec()},
+                "callback": {"url": url},
+            },
+        },
+    }))
+    .unwrap();
+    let crons: Api<ax::api::AxCron> = Api::namespaced(client.clone(), &ns);
+    crons.create(&PostParams::default(), &cron).await.unwrap();
+    // The first child; then no more.
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let deadline = Instant::now() + LONG;
+    let child = loop {
+        let list = tasks.list(&Default::default()).await.unwrap().items;
+        if let Some(child) = list.into_iter().next() {
+            break child.metadata.name.unwrap();
+        }
+        assert!(Instant::now() < deadline, "the cron never fired");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    crons
+        .patch(
+            "tick",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+
+    let done = wait_task(&client, &ns, &child, LONG, |t| {
+        t.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "CallbackDelivered" && c.status == "True")
+        })
+    })
+    .await;
+    let trace = trace_of(&done);
+    let link = trace
+        .link
+        .clone()
+        .expect("status.trace.link names the firing");
+    assert_eq!(trace.parent_span_id, None);
+
+    // The firing is a trace of its own, whose span the child's run links to.
+    let firing = wait_spans(&receiver, &link.trace_id, |s| !s.is_empty()).await;
+    assert_eq!(firing.len(), 1, "{firing:#?}");
+    assert_eq!(firing[0].name, "cron");
+    assert_eq!(firing[0].span_id, link.span_id);
+    assert_eq!(firing[0].attributes["ax.cron"], "tick");
+    assert_eq!(firing[0].attributes["ax.child"], child);
+
+    let spans = wait_spans(&receiver, &trace.trace_id, |s| {
+        !named(s, "task").is_empty() && !named(s, "callback").is_empty()
+    })
+    .await;
+    let uid = done.metadata.uid.clone().unwrap();
+    let run = span_id(&trace.trace_id, &uid, SpanOf::Run(0));
+    let task_span = named(&spans, "task")[0];
+    assert_eq!(
+        task_span.links,
+        [(link.trace_id.clone(), link.span_id.clone())]
+    );
+    let callback = named(&spans, "callback")[0];
+    assert_eq!(callback.parent_span_id, run);
+    assert_eq!(callback.attributes["ax.outcome"], "delivered");
+    let request = server.await.unwrap();
+    let told = format!("traceparent: 00-{}-{}-01", trace.trace_id, callback.span_id);
+    assert!(request.contains(&told), "{told} not in:\n{request}");
 }

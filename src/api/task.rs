@@ -408,6 +408,22 @@ pub struct TraceContext {
     /// Whether the trace is sampled: its spans are exported, and workers are told so.
     #[serde(default)]
     pub sampled: bool,
+    /// A span the object's run is linked to without being its child: the AxCron firing that
+    /// created it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<SpanLink>,
+}
+
+/// A span in another trace (W3C ids, lowercase hex).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SpanLink {
+    /// 32 hex digits.
+    #[schemars(regex(pattern = r"^[0-9a-f]{32}$"))]
+    pub trace_id: String,
+    /// 16 hex digits.
+    #[schemars(regex(pattern = r"^[0-9a-f]{16}$"))]
+    pub span_id: String,
 }
 
 /// Where the task stands, its attempts and every transition, as the operator records them.

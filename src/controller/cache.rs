@@ -37,7 +37,7 @@ use kube::{Client, Resource};
 use super::{TaskKey, readable};
 use crate::api::{AxDag, AxTask, PodTemplate, TaskPhase};
 use crate::core::task as core;
-use crate::core::trace::TRACEPARENT_ANNOTATION;
+use crate::core::trace::{TRACELINK_ANNOTATION, TRACEPARENT_ANNOTATION};
 use crate::core::worker::MAIN_CONTAINER_ANNOTATION;
 
 /// The validation error of the dropped spec, if any.
@@ -59,8 +59,10 @@ fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
     if core::main_has_probe(&t.spec) {
         cached.insert(MAIN_PROBE.to_string(), "true".to_string());
     }
-    if let Some(parent) = annotation(t, TRACEPARENT_ANNOTATION) {
-        cached.insert(TRACEPARENT_ANNOTATION.to_string(), parent.to_string());
+    for kept in [TRACEPARENT_ANNOTATION, TRACELINK_ANNOTATION] {
+        if let Some(value) = annotation(t, kept) {
+            cached.insert(kept.to_string(), value.to_string());
+        }
     }
     t.metadata.managed_fields = None;
     // Most tasks have no fact to note: no map at all, rather than an empty one.
@@ -76,14 +78,17 @@ fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
 /// creates children reads the whole DAG first (see [`dag_is_reduced`]).
 pub fn dag(d: &mut AxDag) {
     d.metadata.managed_fields = None;
-    // The submitter's trace context is the one annotation kept: the DAG's first status write
-    // records its trace from it.
-    d.metadata.annotations = d
+    // The trace annotations are the ones kept: the DAG's first status write records its trace
+    // from them.
+    let kept: BTreeMap<String, String> = d
         .metadata
         .annotations
         .take()
-        .and_then(|mut a| a.remove_entry(TRACEPARENT_ANNOTATION))
-        .map(|entry| BTreeMap::from([entry]));
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k == TRACEPARENT_ANNOTATION || k == TRACELINK_ANNOTATION)
+        .collect();
+    d.metadata.annotations = (!kept.is_empty()).then_some(kept);
     for task in &mut d.spec.tasks {
         task.spec.template = PodTemplate::absent();
         task.spec.payload = None;
@@ -476,6 +481,11 @@ pub fn main_has_probe(t: &AxTask) -> bool {
 /// trace it names).
 pub fn traceparent(t: &AxTask) -> Option<&str> {
     annotation(t, TRACEPARENT_ANNOTATION)
+}
+
+/// The cron firing's `ax.dev/tracelink`, kept like [`traceparent`].
+pub fn tracelink(t: &AxTask) -> Option<&str> {
+    annotation(t, TRACELINK_ANNOTATION)
 }
 
 fn annotation<'a>(t: &'a AxTask, key: &str) -> Option<&'a str> {

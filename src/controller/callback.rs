@@ -25,12 +25,13 @@ use hyper_util::rt::TokioExecutor;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use super::{Ctx, TaskKey};
 use crate::api::AxTask;
 use crate::core::egress::{Allowlist, Refusal, admit, admit_all};
 use crate::core::task::CallbackResult;
+use crate::core::trace;
 use crate::ops::metrics::Metrics;
 
 const ATTEMPTS: u32 = 4;
@@ -118,22 +119,38 @@ impl Callbacks {
         if !self.in_flight().insert(key.clone()) {
             return;
         }
-        tokio::spawn(async move {
-            let outcome = ctx.callbacks.deliver_in_turn(&task).await;
-            if let Outcome::Refused(message) = &outcome {
-                ctx.events
-                    .publish(task.as_ref(), EventType::Warning, REASON_REFUSED, message);
+        // Its log lines name the task and its trace, like the reconcile's.
+        let span = tracing::info_span!(
+            "callback",
+            namespace = task.namespace(),
+            name = task.name_any(),
+            trace_id = task
+                .status
+                .as_ref()
+                .and_then(|s| s.trace.as_ref())
+                .map(|t| t.trace_id.clone())
+        );
+        tokio::spawn(
+            async move {
+                let started = jiff::Timestamp::now();
+                let outcome = ctx.callbacks.deliver_in_turn(&task).await;
+                record_span(&task, started, &outcome, &ctx);
+                if let Outcome::Refused(message) = &outcome {
+                    ctx.events
+                        .publish(task.as_ref(), EventType::Warning, REASON_REFUSED, message);
+                }
+                count(&ctx.metrics, &outcome);
+                let (result, message) = match outcome {
+                    Outcome::Delivered(m) => (CallbackResult::Delivered, m),
+                    Outcome::Failed(m, _) => (CallbackResult::Failed, m),
+                    Outcome::Refused(m) => (CallbackResult::Refused, m),
+                };
+                ctx.tracking.callback_done(&key, result, message);
+                ctx.callbacks.in_flight().remove(&key);
+                ctx.wake(&key);
             }
-            count(&ctx.metrics, &outcome);
-            let (result, message) = match outcome {
-                Outcome::Delivered(m) => (CallbackResult::Delivered, m),
-                Outcome::Failed(m, _) => (CallbackResult::Failed, m),
-                Outcome::Refused(m) => (CallbackResult::Refused, m),
-            };
-            ctx.tracking.callback_done(&key, result, message);
-            ctx.callbacks.in_flight().remove(&key);
-            ctx.wake(&key);
-        });
+            .instrument(span),
+        );
     }
 
     /// [`Self::deliver`] once a permit is free.
@@ -158,10 +175,19 @@ impl Callbacks {
             "status": task.status,
         });
         let body = Bytes::from(body.to_string());
+        // The receiver's spans join the task's trace, under the delivery's span.
+        let traceparent = task.status.as_ref().and_then(|s| {
+            let uid = task.uid()?;
+            Some(trace::callback_traceparent(
+                s.trace.as_ref()?,
+                &uid,
+                s.observed_rerun,
+            ))
+        });
         let mut delay = FIRST_DELAY;
         let (mut last, mut last_class) = (String::new(), "");
         for attempt in 1..=ATTEMPTS {
-            match self.post(&url, body.clone()).await {
+            match self.post(&url, body.clone(), traceparent.as_deref()).await {
                 Ok(code) if (200..300).contains(&code) => {
                     info!(url, code, attempt, "callback delivered");
                     return Outcome::Delivered(format!(
@@ -208,10 +234,19 @@ impl Callbacks {
     }
 
     /// The status code, or the failure's class and message.
-    async fn post(&self, url: &str, body: Bytes) -> Result<u16, (&'static str, String)> {
-        let request = hyper::Request::post(url)
+    async fn post(
+        &self,
+        url: &str,
+        body: Bytes,
+        traceparent: Option<&str>,
+    ) -> Result<u16, (&'static str, String)> {
+        let mut request = hyper::Request::post(url)
             .header("content-type", "application/json")
-            .header("user-agent", "ax-operator")
+            .header("user-agent", "ax-operator");
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        let request = request
             .body(Full::new(body))
             .map_err(|e| ("invalid_url", e.to_string()))?;
         match tokio::time::timeout(REQUEST_TIMEOUT, self.http.request(request)).await {
@@ -225,6 +260,31 @@ impl Callbacks {
             )),
         }
     }
+}
+
+/// The delivery's span, when the task is traced.
+fn record_span(task: &AxTask, started: jiff::Timestamp, outcome: &Outcome, ctx: &Ctx) {
+    let Some(status) = task.status.as_ref() else {
+        return;
+    };
+    let (Some(context), Some(uid)) = (status.trace.as_ref(), task.uid()) else {
+        return;
+    };
+    let (name, detail) = match outcome {
+        Outcome::Delivered(m) => ("delivered", m),
+        Outcome::Failed(m, _) => ("failed", m),
+        Outcome::Refused(m) => ("refused", m),
+    };
+    let span = trace::callback_span(
+        context,
+        &uid,
+        status.observed_rerun,
+        started,
+        jiff::Timestamp::now(),
+        name,
+        detail,
+    );
+    ctx.traces.record(span.into_iter().collect());
 }
 
 /// Counts a finished delivery in `ax_callbacks_total` (and a failed one in

@@ -31,7 +31,7 @@ use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
 };
 use crate::core::dag::{self as core, DagNode};
-use crate::core::trace::{self, TRACEPARENT_ANNOTATION};
+use crate::core::trace::{self, TRACELINK_ANNOTATION, TRACEPARENT_ANNOTATION};
 
 /// How soon to look again when a child's name is taken by an object this DAG does not own.
 const NAME_TAKEN_RETRY: Duration = Duration::from_secs(30);
@@ -565,11 +565,13 @@ async fn write_and_publish(
 /// `ax.dev/traceparent`, or one of its own.
 fn trace_of(dag: &AxDag, uid: &str, ctx: &Ctx) -> Option<TraceContext> {
     let sampler = ctx.traces.sampler()?;
-    let annotation = dag
-        .annotations()
-        .get(TRACEPARENT_ANNOTATION)
-        .map(String::as_str);
-    let (trace, invalid) = trace::context_of(uid, annotation, sampler);
+    let annotation = |key| dag.annotations().get(key).map(String::as_str);
+    let (trace, invalid) = trace::context_of(
+        uid,
+        annotation(TRACEPARENT_ANNOTATION),
+        annotation(TRACELINK_ANNOTATION),
+        sampler,
+    );
     if let Some(invalid) = invalid {
         publish(
             dag,

@@ -12,11 +12,14 @@ use std::fmt;
 use jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
-use crate::api::{AxTaskStatus, HistoryEntry, TaskPhase, TraceContext};
+use crate::api::{AxTaskStatus, HistoryEntry, SpanLink, TaskPhase, TraceContext};
 use crate::core::task::Reason;
 
 /// The W3C `traceparent` a submitter puts on an AxTask or AxDag for its trace to continue there.
 pub const TRACEPARENT_ANNOTATION: &str = "ax.dev/traceparent";
+/// A span (in traceparent form) that an AxTask's or AxDag's run is linked to: the AxCron firing
+/// that created it. Its trace stays its own.
+pub const TRACELINK_ANNOTATION: &str = "ax.dev/tracelink";
 
 /// A parsed W3C `traceparent` (version 00): `00-<trace id>-<parent span id>-<flags>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +135,7 @@ fn by_ratio(trace_id: &str, ratio: f64) -> bool {
 pub fn context_of(
     uid: &str,
     annotation: Option<&str>,
+    link: Option<&str>,
     sampler: Sampler,
 ) -> (TraceContext, Option<TraceParentError>) {
     let (parent, error) = match annotation.map(TraceParent::parse) {
@@ -144,12 +148,77 @@ pub fn context_of(
         None => hex(&Sha256::digest(format!("ax.dev/trace/{uid}"))[..16]),
     };
     let sampled = sampler.sampled(&trace_id, parent.as_ref());
+    // Written by the cron controller: one that does not parse is left out.
+    let link = link
+        .and_then(|l| TraceParent::parse(l).ok())
+        .map(|l| SpanLink {
+            trace_id: l.trace_id,
+            span_id: l.span_id,
+        });
     let context = TraceContext {
         trace_id,
         parent_span_id: parent.map(|p| p.span_id),
         sampled,
+        link,
     };
     (context, error)
+}
+
+/// The trace of one firing of an AxCron (uid `cron_uid`) at its scheduled time: a trace of its own
+/// per firing, whose span the child's run links to.
+pub fn firing_context(cron_uid: &str, scheduled: Timestamp, sampler: Sampler) -> TraceContext {
+    let trace_id = hex(&Sha256::digest(format!(
+        "ax.dev/firing/{cron_uid}/{}",
+        scheduled.as_second()
+    ))[..16]);
+    TraceContext {
+        sampled: sampler.sampled(&trace_id, None),
+        trace_id,
+        parent_span_id: None,
+        link: None,
+    }
+}
+
+/// The annotation (`TRACELINK_ANNOTATION`) a firing's child carries: the firing's span.
+pub fn firing_link(firing: &TraceContext, cron_uid: &str) -> String {
+    let span = span_id(&firing.trace_id, cron_uid, SpanOf::Firing);
+    traceparent(&firing.trace_id, &span, firing.sampled)
+}
+
+/// The span of a cron's firing: from its scheduled time to its child's creation.
+#[allow(clippy::too_many_arguments)]
+pub fn firing_span(
+    firing: &TraceContext,
+    namespace: &str,
+    cron: &str,
+    cron_uid: &str,
+    child: &str,
+    scheduled: Timestamp,
+    created: Timestamp,
+    catch_up: bool,
+) -> Option<Span> {
+    if !firing.sampled {
+        return None;
+    }
+    Some(Span {
+        name: "cron",
+        trace_id: firing.trace_id.clone(),
+        span_id: span_id(&firing.trace_id, cron_uid, SpanOf::Firing),
+        parent_span_id: None,
+        parent_is_remote: false,
+        start: scheduled.min(created),
+        end: created,
+        attributes: vec![
+            ("ax.namespace", namespace.into()),
+            ("ax.cron", cron.into()),
+            ("ax.child", child.into()),
+            ("ax.scheduled_time", scheduled.to_string().into()),
+            ("ax.catch_up", i64::from(catch_up).into()),
+        ],
+        events: Vec::new(),
+        links: Vec::new(),
+        status: SpanStatus::Unset,
+    })
 }
 
 /// What a span of an object is; with the trace id and the object's uid it fixes the span's id.
@@ -162,6 +231,10 @@ pub enum SpanOf {
     /// Waiting for the retry of a failed attempt: backoff, then the queue.
     Backoff(i32),
     Attempt(i32),
+    /// The delivery of a run's callback.
+    Callback(i64),
+    /// A cron's firing (its trace is the firing's own).
+    Firing,
 }
 
 impl fmt::Display for SpanOf {
@@ -171,6 +244,8 @@ impl fmt::Display for SpanOf {
             Self::Queued(attempt) => write!(f, "queued/{attempt}"),
             Self::Backoff(attempt) => write!(f, "backoff/{attempt}"),
             Self::Attempt(attempt) => write!(f, "attempt/{attempt}"),
+            Self::Callback(run) => write!(f, "callback/{run}"),
+            Self::Firing => f.write_str("firing"),
         }
     }
 }
@@ -264,6 +339,8 @@ pub struct Span {
     pub end: Timestamp,
     pub attributes: Attributes,
     pub events: Vec<SpanEvent>,
+    /// Spans of other traces this one is linked to.
+    pub links: Vec<SpanLink>,
     pub status: SpanStatus,
 }
 
@@ -324,6 +401,7 @@ pub fn spans_ended(
         end,
         attributes: Vec::new(),
         events: Vec::new(),
+        links: Vec::new(),
         status: SpanStatus::Unset,
     };
     let mut spans = Vec::new();
@@ -384,6 +462,7 @@ pub fn spans_ended(
                 entry.time,
             );
             task.parent_is_remote = trace.parent_span_id.is_some();
+            task.links = trace.link.iter().cloned().collect();
             task.attributes = subject.attributes();
             task.attributes.extend([
                 ("ax.phase", entry.to.as_str().into()),
@@ -475,6 +554,7 @@ fn attempt_span(
         end: entry.time,
         attributes,
         events,
+        links: Vec::new(),
         status: match entry.to {
             TaskPhase::Succeeded => SpanStatus::Ok,
             TaskPhase::Canceled | TaskPhase::Pending => SpanStatus::Unset,
@@ -499,6 +579,44 @@ fn held_events(before: Option<&AxTaskStatus>, start: Timestamp, end: Timestamp) 
             ],
         })
         .collect()
+}
+
+/// The span of the delivery of a run's callback (`outcome`: delivered, failed or refused), a child
+/// of the run's span; its id is the parent of the `traceparent` header the POST carries.
+pub fn callback_span(
+    trace: &TraceContext,
+    uid: &str,
+    run: i64,
+    start: Timestamp,
+    end: Timestamp,
+    outcome: &str,
+    detail: &str,
+) -> Option<Span> {
+    if !trace.sampled {
+        return None;
+    }
+    Some(Span {
+        name: "callback",
+        trace_id: trace.trace_id.clone(),
+        span_id: span_id(&trace.trace_id, uid, SpanOf::Callback(run)),
+        parent_span_id: Some(span_id(&trace.trace_id, uid, SpanOf::Run(run))),
+        parent_is_remote: false,
+        start,
+        end,
+        attributes: vec![("ax.outcome", outcome.into()), ("ax.detail", detail.into())],
+        events: Vec::new(),
+        links: Vec::new(),
+        status: match outcome {
+            "delivered" => SpanStatus::Ok,
+            _ => SpanStatus::Error(detail.to_string()),
+        },
+    })
+}
+
+/// The `traceparent` header of a run's callback POST: the receiver's spans join the task's trace.
+pub fn callback_traceparent(trace: &TraceContext, uid: &str, run: i64) -> String {
+    let span = span_id(&trace.trace_id, uid, SpanOf::Callback(run));
+    traceparent(&trace.trace_id, &span, trace.sampled)
 }
 
 /// The span of a DAG's run, built when the DAG reaches `phase` (terminal) at `end`; its tasks'
@@ -537,6 +655,7 @@ pub fn dag_span(
         end,
         attributes,
         events: Vec::new(),
+        links: trace.link.iter().cloned().collect(),
         status: match phase {
             "Succeeded" => SpanStatus::Ok,
             _ => SpanStatus::Error(format!("the DAG ended {phase}")),

@@ -207,6 +207,21 @@ fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
         .into_iter()
         .map(|e| Event::new(e.name, system_time(e.time), attributes(e.attributes), 0))
         .collect();
+    let mut links = SpanLinks::default();
+    links.links = span
+        .links
+        .iter()
+        .filter_map(|l| {
+            let context = SpanContext::new(
+                TraceId::from_hex(&l.trace_id).ok()?,
+                SpanId::from_hex(&l.span_id).ok()?,
+                TraceFlags::SAMPLED,
+                true,
+                TraceState::default(),
+            );
+            Some(opentelemetry::trace::Link::new(context, Vec::new(), 0))
+        })
+        .collect();
     SpanData {
         span_context: SpanContext::new(
             trace_id,
@@ -224,7 +239,7 @@ fn span_data(span: Span, scope: &InstrumentationScope) -> SpanData {
         attributes: attributes(span.attributes),
         dropped_attributes_count: 0,
         events,
-        links: SpanLinks::default(),
+        links,
         status: match span.status {
             SpanStatus::Unset => Status::Unset,
             SpanStatus::Ok => Status::Ok,
@@ -281,6 +296,7 @@ mod tests {
             end: start + jiff::SignedDuration::from_secs(3),
             attributes: vec![("ax.attempt", Value::Int(2))],
             events: Vec::new(),
+            links: Vec::new(),
             status: SpanStatus::Error("Failed: exit 1".into()),
         };
         let data = span_data(span, &InstrumentationScope::builder("ax").build());

@@ -14,6 +14,7 @@ use crate::controller::write::{ApiError, api_message};
 use crate::controller::{Ctx, Error, FIELD_MANAGER, Result};
 use crate::core::cron::status::{ChildKind, ChildState, Outcome};
 use crate::core::cron::{self as core, Decision, Finished};
+use crate::core::trace::{self, TRACELINK_ANNOTATION};
 
 use super::children::is_controlled_by;
 use super::events::publish;
@@ -63,8 +64,21 @@ pub(super) async fn create_child(
     ctx: &Ctx,
 ) -> Result<Created> {
     let namespace = cron.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let metadata = child_metadata(cron, uid, firing);
-    match (&cron.spec.task, &cron.spec.dag) {
+    let mut metadata = child_metadata(cron, uid, firing);
+    // While traces are exported each firing is a trace of its own, and the child's run links to
+    // the firing's span.
+    let traced = ctx.traces.sampler().map(|sampler| {
+        let firing_trace = trace::firing_context(uid, firing.scheduled, sampler);
+        metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                TRACELINK_ANNOTATION.to_owned(),
+                trace::firing_link(&firing_trace, uid),
+            );
+        firing_trace
+    });
+    let created = match (&cron.spec.task, &cron.spec.dag) {
         (Some(task), _) => {
             let child = AxTask {
                 metadata,
@@ -94,7 +108,21 @@ pub(super) async fn create_child(
             .await
         }
         (None, None) => Err(Error::Incomplete("task or dag")),
+    }?;
+    if let (Created::Yes, Some(firing_trace)) = (&created, traced) {
+        let span = trace::firing_span(
+            &firing_trace,
+            &namespace,
+            &cron.name_any(),
+            uid,
+            &firing.name,
+            firing.scheduled,
+            jiff::Timestamp::now(),
+            firing.catch_up,
+        );
+        ctx.traces.record(span.into_iter().collect());
     }
+    Ok(created)
 }
 
 pub(super) async fn create_owned<K>(

@@ -348,7 +348,12 @@ fn trace_of(task: &AxTask, status: &AxTaskStatus, ctx: &Ctx) -> Option<TraceCont
         return None;
     }
     let uid = task.uid()?;
-    let (trace, invalid) = trace::context_of(&uid, cache::traceparent(task), sampler);
+    let (trace, invalid) = trace::context_of(
+        &uid,
+        cache::traceparent(task),
+        cache::tracelink(task),
+        sampler,
+    );
     if let Some(invalid) = invalid {
         publish(
             task,

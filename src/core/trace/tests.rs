@@ -95,23 +95,25 @@ fn a_traceparent_parses_and_bad_ones_are_refused() {
 
 #[test]
 fn a_task_continues_its_submitters_trace_or_derives_its_own_from_its_uid() {
-    let (ctx, error) = context_of(UID, Some(PARENT), Sampler::Always);
+    let (ctx, error) = context_of(UID, Some(PARENT), None, Sampler::Always);
     assert_eq!(error, None);
     assert_eq!(ctx.trace_id, "0af7651916cd43dd8448eb211c80319c");
     assert_eq!(ctx.parent_span_id.as_deref(), Some("b7ad6b7169203331"));
-    let (own, _) = context_of(UID, None, Sampler::Always);
+    let (own, _) = context_of(UID, None, None, Sampler::Always);
     assert_eq!(
         own,
-        context_of(UID, None, Sampler::Always).0,
+        context_of(UID, None, None, Sampler::Always).0,
         "the standby derives the same"
     );
     assert_eq!(own.trace_id.len(), 32);
     assert_eq!(own.parent_span_id, None);
     assert_ne!(
         own.trace_id,
-        context_of("another-uid", None, Sampler::Always).0.trace_id
+        context_of("another-uid", None, None, Sampler::Always)
+            .0
+            .trace_id
     );
-    let (fallback, error) = context_of(UID, Some("garbage"), Sampler::Always);
+    let (fallback, error) = context_of(UID, Some("garbage"), None, Sampler::Always);
     assert!(error.is_some());
     assert_eq!(fallback, own);
 }
@@ -120,21 +122,29 @@ fn a_task_continues_its_submitters_trace_or_derives_its_own_from_its_uid() {
 fn parentbased_follows_the_submitter_and_ratio_the_trace_id() {
     let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
     assert!(
-        !context_of(UID, Some(unsampled), Sampler::ParentBased(1.0))
+        !context_of(UID, Some(unsampled), None, Sampler::ParentBased(1.0))
             .0
             .sampled
     );
     assert!(
-        context_of(UID, Some(PARENT), Sampler::ParentBased(0.0))
+        context_of(UID, Some(PARENT), None, Sampler::ParentBased(0.0))
             .0
             .sampled
     );
-    assert!(!context_of(UID, None, Sampler::ParentBased(0.0)).0.sampled);
-    assert!(context_of(UID, Some(unsampled), Sampler::Always).0.sampled);
+    assert!(
+        !context_of(UID, None, None, Sampler::ParentBased(0.0))
+            .0
+            .sampled
+    );
+    assert!(
+        context_of(UID, Some(unsampled), None, Sampler::Always)
+            .0
+            .sampled
+    );
     // About a quarter of many uids at 0.25.
     let sampled = (0..4000)
         .filter(|i| {
-            context_of(&format!("uid-{i}"), None, Sampler::Ratio(0.25))
+            context_of(&format!("uid-{i}"), None, None, Sampler::Ratio(0.25))
                 .0
                 .sampled
         })
@@ -178,7 +188,7 @@ fn retried_twice() -> (AxTaskStatus, Vec<Vec<HistoryEntry>>) {
             record(2, 7, Some(1)),
             record(3, 12, Some(0)),
         ],
-        trace: Some(context_of(UID, Some(PARENT), Sampler::Always).0),
+        trace: Some(context_of(UID, Some(PARENT), None, Sampler::Always).0),
         ..Default::default()
     };
     (status, batches)
@@ -317,9 +327,9 @@ fn an_unsampled_trace_builds_nothing() {
 
 #[test]
 fn a_dags_children_are_children_of_its_run_span() {
-    let (dag, _) = context_of("dag-uid", None, Sampler::Always);
+    let (dag, _) = context_of("dag-uid", None, None, Sampler::Always);
     let parent = child_traceparent(&dag, "dag-uid", 0);
-    let (child, error) = context_of(UID, Some(&parent), Sampler::ParentBased(0.0));
+    let (child, error) = context_of(UID, Some(&parent), None, Sampler::ParentBased(0.0));
     assert_eq!(error, None);
     assert_eq!(child.trace_id, dag.trace_id);
     let span = dag_span(
@@ -382,7 +392,7 @@ fn spans_in_batches(
     records: &[AttemptRecord],
     cuts: &BTreeSet<usize>,
 ) -> Vec<Span> {
-    let trace = context_of(UID, Some(PARENT), Sampler::Always).0;
+    let trace = context_of(UID, Some(PARENT), None, Sampler::Always).0;
     let runs = history
         .iter()
         .filter(|h| h.reason == Reason::Rerun.as_str())
@@ -458,7 +468,7 @@ proptest! {
         prop_assert_eq!(ended, attempt_spans);
         let terminal = history.iter().filter(|h| h.to.is_terminal()).count();
         prop_assert_eq!(a.iter().filter(|s| s.name == "task").count(), terminal);
-        let trace = context_of(UID, Some(PARENT), Sampler::Always).0;
+        let trace = context_of(UID, Some(PARENT), None, Sampler::Always).0;
         for span in &a {
             prop_assert!(span.start <= span.end, "{:?}", span);
             if span.name == "task" {
@@ -472,4 +482,75 @@ proptest! {
         }
         let _ = (Canceled, Dead, SignedDuration::ZERO);
     }
+}
+
+#[test]
+fn a_cron_firings_child_links_its_run_to_the_firing_span() {
+    let firing = firing_context("cron-uid", t(60), Sampler::Always);
+    assert_eq!(firing, firing_context("cron-uid", t(60), Sampler::Always));
+    assert_ne!(
+        firing.trace_id,
+        firing_context("cron-uid", t(120), Sampler::Always).trace_id,
+        "each firing is a trace of its own"
+    );
+    let link = firing_link(&firing, "cron-uid");
+    let span = firing_span(
+        &firing,
+        "ns",
+        "nightly",
+        "cron-uid",
+        "nightly-1",
+        t(60),
+        t(61),
+        false,
+    )
+    .unwrap();
+    assert_eq!(link, traceparent(&firing.trace_id, &span.span_id, true));
+    assert_eq!((span.start, span.end), (t(60), t(61)));
+
+    let (child, _) = context_of(UID, None, Some(&link), Sampler::Always);
+    assert_eq!(child.parent_span_id, None, "a link, not a parent");
+    assert_ne!(child.trace_id, firing.trace_id);
+    let mut status = retried_twice().0;
+    status.trace = Some(child.clone());
+    let (_, batches) = retried_twice();
+    let spans = replay(&status, &batches);
+    let run = spans.iter().find(|s| s.name == "task").unwrap();
+    assert_eq!(
+        run.links,
+        [SpanLink {
+            trace_id: firing.trace_id.clone(),
+            span_id: span.span_id.clone()
+        }]
+    );
+    // A link that does not parse is left out.
+    assert_eq!(
+        context_of(UID, None, Some("nonsense"), Sampler::Always)
+            .0
+            .link,
+        None
+    );
+}
+
+#[test]
+fn a_callbacks_span_is_a_child_of_its_run_and_names_the_posts_traceparent() {
+    let (trace, _) = context_of(UID, Some(PARENT), None, Sampler::Always);
+    let span = callback_span(&trace, UID, 1, t(10), t(11), "failed", "POST answered 500").unwrap();
+    assert_eq!(
+        span.parent_span_id,
+        Some(span_id(&trace.trace_id, UID, SpanOf::Run(1)))
+    );
+    assert_eq!(
+        callback_traceparent(&trace, UID, 1),
+        traceparent(&trace.trace_id, &span.span_id, true)
+    );
+    assert!(matches!(span.status, SpanStatus::Error(_)));
+    let unsampled = TraceContext {
+        sampled: false,
+        ..trace
+    };
+    assert_eq!(
+        callback_span(&unsampled, UID, 1, t(10), t(11), "delivered", ""),
+        None
+    );
 }
