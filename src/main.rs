@@ -139,7 +139,7 @@ async fn main() -> Result<(), BoxError> {
         .with_layer(&CountRequestsLayer::new(metrics.clone()))
         .build();
 
-    let traces = match &args.trace_endpoint {
+    let traces = match args.trace_endpoint.as_ref().filter(|e| !e.is_empty()) {
         Some(endpoint) => Traces::start(
             &TraceConfig {
                 endpoint: endpoint.clone(),

@@ -386,6 +386,23 @@ mod tests {
     }
 
     #[test]
+    fn a_traceparent_becomes_the_annotation_and_a_bad_one_is_a_usage_error() {
+        let mut args = flags();
+        args.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+        let t = build_task(&args, None, None, "ns").unwrap();
+        assert_eq!(
+            t.metadata.annotations.unwrap()[TRACEPARENT_ANNOTATION],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        args.traceparent = Some("00-nope".into());
+        let error = build_task(&args, None, None, "ns").unwrap_err();
+        assert!(
+            matches!(&error, ClientError::Usage(m) if m.starts_with("--traceparent: ")),
+            "{error:?}"
+        );
+    }
+
+    #[test]
     fn flags_alone_make_a_task_with_a_generated_name() {
         let mut args = flags();
         args.command = Some("echo hi".into());

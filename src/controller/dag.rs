@@ -590,13 +590,14 @@ fn record_span(dag: &AxDag, phase: DagPhase, status: &AxDagStatus, ctx: &Ctx) {
         return;
     };
     let end = status.finished_at.unwrap_or_else(Timestamp::now);
-    let start = dag
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .or(status.started_at)
-        .unwrap_or(end);
+    // A first run spans from the DAG's creation, a re-run from its first child.
+    let created = dag.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let start = if status.observed_rerun == 0 {
+        created.or(status.started_at)
+    } else {
+        status.started_at.or(created)
+    }
+    .unwrap_or(end);
     let span = trace::dag_span(
         &dag.namespace().unwrap_or_default(),
         &dag.name_any(),
