@@ -181,8 +181,7 @@ pub fn firing_context(cron_uid: &str, scheduled: Timestamp, sampler: Sampler) ->
 
 /// The annotation (`TRACELINK_ANNOTATION`) a firing's child carries: the firing's span.
 pub fn firing_link(firing: &TraceContext, cron_uid: &str) -> String {
-    let span = span_id(&firing.trace_id, cron_uid, SpanOf::Firing);
-    traceparent(&firing.trace_id, &span, firing.sampled)
+    traceparent_of(firing, cron_uid, SpanOf::Firing)
 }
 
 /// The span of a cron's firing: from its scheduled time to its child's creation.
@@ -264,13 +263,17 @@ pub fn span_id(trace_id: &str, uid: &str, what: SpanOf) -> String {
 
 /// The `TRACEPARENT` a worker of `attempt` gets: its spans are children of the attempt's span.
 pub fn worker_traceparent(trace: &TraceContext, uid: &str, attempt: i32) -> String {
-    let span = span_id(&trace.trace_id, uid, SpanOf::Attempt(attempt));
-    traceparent(&trace.trace_id, &span, trace.sampled)
+    traceparent_of(trace, uid, SpanOf::Attempt(attempt))
 }
 
 /// The traceparent a DAG's child task carries: its trace is a child of the DAG run's span.
 pub fn child_traceparent(trace: &TraceContext, dag_uid: &str, run: i64) -> String {
-    let span = span_id(&trace.trace_id, dag_uid, SpanOf::Run(run));
+    traceparent_of(trace, dag_uid, SpanOf::Run(run))
+}
+
+/// The traceparent naming `what` of the object with `uid` in `trace`.
+fn traceparent_of(trace: &TraceContext, uid: &str, what: SpanOf) -> String {
+    let span = span_id(&trace.trace_id, uid, what);
     traceparent(&trace.trace_id, &span, trace.sampled)
 }
 
@@ -615,8 +618,7 @@ pub fn callback_span(
 
 /// The `traceparent` header of a run's callback POST: the receiver's spans join the task's trace.
 pub fn callback_traceparent(trace: &TraceContext, uid: &str, run: i64) -> String {
-    let span = span_id(&trace.trace_id, uid, SpanOf::Callback(run));
-    traceparent(&trace.trace_id, &span, trace.sampled)
+    traceparent_of(trace, uid, SpanOf::Callback(run))
 }
 
 /// The span of a DAG's run, built when the DAG reaches `phase` (terminal) at `end`; its tasks'
