@@ -16,6 +16,7 @@
 //!   change again). It reaches total exactly when the DAG phase is terminal.
 //! - Tasks are created in waves: by wave (longest dependency chain above the task), then by name.
 
+pub mod fanout;
 pub mod status;
 
 use std::collections::{HashMap, HashSet, VecDeque};

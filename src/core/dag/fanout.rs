@@ -1,0 +1,195 @@
+//! Fan-out nodes (issue 27: a DAG node with `forEach`) as pure functions: which items to create
+//! next, and the node's outcome from the phases of the items that exist — counts and a compact list
+//! of failed indexes, never one entry per child, so a node of 100,000 items stays small.
+//!
+//! Like the rest of the DAG core it keeps no memory between calls: every step is derived again from
+//! the children that exist (found by label, named `<dag>-<node>-<index>`), so a restarted operator
+//! creates no item twice. Items are created lowest index first, at most `parallelism` at work at
+//! once, and none once the node's outcome is decided. The rules follow the Job API's
+//! `backoffLimitPerIndex` / `maxFailedIndexes` / `successPolicy`:
+//! - an item's own retries are its child's; an item that ends Dead or Canceled has failed;
+//! - more failed items than `max_failed_items` fails the node at once: nothing more is created and
+//!   the items at work are canceled; so does a failure that puts the success policy out of reach
+//!   (under `All`, any failure beyond `max_failed_items`, none tolerated when it is absent);
+//! - otherwise the node succeeds once every item has ended.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::api::TaskPhase;
+
+/// Failed indexes listed in the status at most; the rest are counted.
+pub const FAILED_INDEXES_LISTED: usize = 100;
+
+/// When a fan-out node succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SuccessPolicy {
+    /// Every item succeeded but for at most `max_failed_items` (none when absent).
+    All,
+    /// At least this many items succeeded.
+    MinSucceeded(u32),
+    /// At least this percentage of the items (rounded up).
+    MinSucceededPercent(u32),
+}
+
+/// A fan-out node as its spec says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FanOut {
+    /// How many items: a literal list's length, a range's count, or a parent's output list's.
+    pub items: u32,
+    /// Items at work (created and not ended) at most; at least 1.
+    pub parallelism: u32,
+    pub success: SuccessPolicy,
+    /// Failed items tolerated; one more fails the node at once. None: no early failure.
+    pub max_failed_items: Option<u32>,
+}
+
+impl FanOut {
+    /// Items that must succeed.
+    pub fn required(&self) -> u32 {
+        match self.success {
+            SuccessPolicy::All => self
+                .items
+                .saturating_sub(self.max_failed_items.unwrap_or(0)),
+            SuccessPolicy::MinSucceeded(n) => n.min(self.items),
+            SuccessPolicy::MinSucceededPercent(p) => {
+                let p = u64::from(p.min(100));
+                u32::try_from((u64::from(self.items) * p).div_ceil(100)).unwrap_or(self.items)
+            }
+        }
+    }
+}
+
+/// What the items of a node are doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub not_created: u32,
+    /// Created and not ended (Pending, Scheduled, Running, and Failed/TimedOut between retries).
+    pub at_work: u32,
+    pub succeeded: u32,
+    /// Dead or Canceled.
+    pub failed: u32,
+}
+
+/// The node's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeOutcome {
+    Running,
+    Succeeded,
+    /// With why, for the node's status message.
+    Failed(String),
+}
+
+/// One step of a fan-out node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Item indexes to create now, ascending.
+    pub create: Vec<u32>,
+    /// Items at work to cancel (the node has failed).
+    pub cancel: Vec<u32>,
+    pub counts: Counts,
+    pub outcome: NodeOutcome,
+    /// The failed indexes as ranges, `3,7-9`, at most [`FAILED_INDEXES_LISTED`] of them listed.
+    pub failed_indexes: String,
+}
+
+fn has_failed(phase: TaskPhase) -> bool {
+    matches!(phase, TaskPhase::Dead | TaskPhase::Canceled)
+}
+
+/// The next step of `node` given the phase of each item's child that exists (by index; indexes
+/// outside the node's items are ignored).
+pub fn step(node: &FanOut, phases: &BTreeMap<u32, TaskPhase>) -> Step {
+    let children = || phases.range(..node.items);
+    let mut counts = Counts::default();
+    for (_, phase) in children() {
+        match phase {
+            TaskPhase::Succeeded => counts.succeeded += 1,
+            p if has_failed(*p) => counts.failed += 1,
+            _ => counts.at_work += 1,
+        }
+    }
+    let created = counts.succeeded + counts.failed + counts.at_work;
+    counts.not_created = node.items - created;
+    let required = node.required();
+    let too_many_failed = node.max_failed_items.is_some_and(|max| counts.failed > max);
+    let out_of_reach = counts.failed > node.items - required;
+    let failed_indexes = compact(children().filter(|(_, p)| has_failed(**p)).map(|(i, _)| *i));
+
+    let outcome = if too_many_failed {
+        NodeOutcome::Failed(format!(
+            "{} items failed, more than maxFailedItems {}",
+            counts.failed,
+            node.max_failed_items.unwrap_or_default()
+        ))
+    } else if out_of_reach {
+        NodeOutcome::Failed(format!(
+            "{} of {} items failed: {required} cannot succeed any more",
+            counts.failed, node.items
+        ))
+    } else if counts.not_created == 0 && counts.at_work == 0 {
+        // Every item ended and at least `required` succeeded (else it was out of reach).
+        NodeOutcome::Succeeded
+    } else {
+        NodeOutcome::Running
+    };
+
+    let (create, cancel) = match outcome {
+        NodeOutcome::Running => {
+            let room = node.parallelism.max(1).saturating_sub(counts.at_work);
+            // Lowest indexes first: the gaps among the children, then past the last one.
+            let create = (0..node.items)
+                .filter(|i| !phases.contains_key(i))
+                .take(room as usize)
+                .collect();
+            (create, Vec::new())
+        }
+        NodeOutcome::Failed(_) => {
+            let at_work = children()
+                .filter(|(_, p)| **p != TaskPhase::Succeeded && !has_failed(**p))
+                .map(|(i, _)| *i)
+                .collect();
+            (Vec::new(), at_work)
+        }
+        NodeOutcome::Succeeded => (Vec::new(), Vec::new()),
+    };
+    Step {
+        create,
+        cancel,
+        counts,
+        outcome,
+        failed_indexes,
+    }
+}
+
+/// Ascending indexes as ranges (`0,3-5,9`), the first [`FAILED_INDEXES_LISTED`] ranges listed and
+/// the rest counted.
+pub fn compact(indexes: impl IntoIterator<Item = u32>) -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for i in indexes {
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == i => *end = i,
+            _ => ranges.push((i, i)),
+        }
+    }
+    let mut out = String::new();
+    for (n, (start, end)) in ranges.iter().enumerate() {
+        if n == FAILED_INDEXES_LISTED {
+            let rest: u32 = ranges[n..].iter().map(|(s, e)| e - s + 1).sum();
+            let _ = write!(out, ",… {rest} more");
+            break;
+        }
+        if n > 0 {
+            out.push(',');
+        }
+        if start == end {
+            let _ = write!(out, "{start}");
+        } else {
+            let _ = write!(out, "{start}-{end}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,196 @@
+//! Tests of the fan-out core: examples of each rule, and a simulated node whose items end in a
+//! random order with random restarts — each index gets exactly one child, never more than
+//! `parallelism` at work, and the outcome depends only on how the items end, not on their order.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use TaskPhase::{Canceled, Dead, Pending, Running, Succeeded};
+
+fn node(items: u32, parallelism: u32) -> FanOut {
+    FanOut {
+        items,
+        parallelism,
+        success: SuccessPolicy::All,
+        max_failed_items: None,
+    }
+}
+
+fn phases(list: &[(u32, TaskPhase)]) -> BTreeMap<u32, TaskPhase> {
+    list.iter().copied().collect()
+}
+
+#[test]
+fn items_are_created_lowest_first_under_the_parallelism() {
+    let s = step(&node(10, 3), &BTreeMap::new());
+    assert_eq!(s.create, [0, 1, 2]);
+    assert_eq!(s.outcome, NodeOutcome::Running);
+    assert_eq!(s.counts.not_created, 10);
+    // Item 1 ended: one slot, the lowest gap first.
+    let s = step(
+        &node(10, 3),
+        &phases(&[(0, Running), (1, Succeeded), (2, Pending)]),
+    );
+    assert_eq!(s.create, [3]);
+    let s = step(
+        &node(10, 3),
+        &phases(&[(0, Running), (2, Succeeded), (3, Running)]),
+    );
+    assert_eq!(
+        s.create,
+        [1],
+        "a missing child is created again (lowest first)"
+    );
+}
+
+#[test]
+fn a_node_succeeds_when_every_item_ended_and_enough_succeeded() {
+    let all = phases(&[(0, Succeeded), (1, Succeeded), (2, Succeeded)]);
+    assert_eq!(step(&node(3, 2), &all).outcome, NodeOutcome::Succeeded);
+    let one_dead = phases(&[(0, Succeeded), (1, Dead), (2, Succeeded)]);
+    assert!(matches!(
+        step(&node(3, 2), &one_dead).outcome,
+        NodeOutcome::Failed(_)
+    ));
+    let mut two_of_three = node(3, 2);
+    two_of_three.success = SuccessPolicy::MinSucceeded(2);
+    assert_eq!(
+        step(&two_of_three, &one_dead).outcome,
+        NodeOutcome::Succeeded
+    );
+    let mut half = node(4, 4);
+    half.success = SuccessPolicy::MinSucceededPercent(50);
+    assert_eq!(half.required(), 2);
+    let s = step(
+        &half,
+        &phases(&[(0, Dead), (1, Succeeded), (2, Canceled), (3, Succeeded)]),
+    );
+    assert_eq!(s.outcome, NodeOutcome::Succeeded);
+    assert_eq!(s.failed_indexes, "0,2");
+}
+
+#[test]
+fn more_failed_items_than_tolerated_fails_at_once_creates_nothing_and_cancels_the_rest() {
+    let mut n = node(500, 10);
+    n.max_failed_items = Some(2);
+    let s = step(
+        &n,
+        &phases(&[(0, Dead), (1, Dead), (2, Running), (3, Succeeded)]),
+    );
+    assert_eq!(
+        s.outcome,
+        NodeOutcome::Running,
+        "2 failed items are tolerated"
+    );
+    let s = step(
+        &n,
+        &phases(&[(0, Dead), (1, Dead), (2, Running), (4, Dead)]),
+    );
+    assert!(matches!(&s.outcome, NodeOutcome::Failed(m) if m.contains("maxFailedItems 2")));
+    assert!(s.create.is_empty());
+    assert_eq!(s.cancel, [2]);
+    assert_eq!(s.failed_indexes, "0-1,4");
+}
+
+#[test]
+fn a_success_out_of_reach_fails_without_running_the_rest() {
+    let mut n = node(10, 2);
+    n.success = SuccessPolicy::MinSucceeded(9);
+    let s = step(&n, &phases(&[(0, Dead), (1, Dead)]));
+    assert!(matches!(s.outcome, NodeOutcome::Failed(_)));
+    assert!(s.create.is_empty());
+}
+
+#[test]
+fn failed_indexes_are_ranges_and_a_long_list_is_cut() {
+    assert_eq!(compact([]), "");
+    assert_eq!(compact([3]), "3");
+    assert_eq!(compact([0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+    let every_other: Vec<u32> = (0..300).map(|i| i * 2).collect();
+    let text = compact(every_other);
+    assert!(text.ends_with(",… 200 more"), "{text}");
+    assert_eq!(text.split(',').count(), FAILED_INDEXES_LISTED + 1);
+}
+
+#[test]
+fn a_node_of_a_million_items_steps_without_listing_them() {
+    let n = node(1_000_000, 500);
+    let s = step(&n, &BTreeMap::new());
+    assert_eq!(s.create.len(), 500);
+    assert_eq!(s.counts.not_created, 1_000_000);
+}
+
+/// Runs a node to its end: each step's creations exist from then on; at each turn one item at work
+/// ends (the one `order` picks) as `ends` says; `restarts` drop nothing (the core keeps no memory).
+fn run(n: &FanOut, ends: &[bool], order: &[usize]) -> (NodeOutcome, u32) {
+    let mut children: BTreeMap<u32, TaskPhase> = BTreeMap::new();
+    let mut created = vec![0u32; n.items as usize];
+    for turn in 0.. {
+        let s = step(n, &children);
+        let at_work = children
+            .values()
+            .filter(|p| !matches!(p, Succeeded | Dead | Canceled))
+            .count();
+        assert!(at_work <= n.parallelism as usize);
+        for i in &s.create {
+            assert!(!children.contains_key(i), "item {i} created twice");
+            created[*i as usize] += 1;
+            children.insert(*i, Pending);
+        }
+        for i in &s.cancel {
+            children.insert(*i, Canceled);
+        }
+        if s.outcome != NodeOutcome::Running {
+            let again = step(n, &children);
+            assert_eq!(
+                std::mem::discriminant(&again.outcome),
+                std::mem::discriminant(&s.outcome),
+                "a decided outcome stays"
+            );
+            assert!(again.create.is_empty());
+            return (s.outcome, created.iter().sum());
+        }
+        let working: Vec<u32> = children
+            .iter()
+            .filter(|(_, p)| **p == Pending)
+            .map(|(i, _)| *i)
+            .collect();
+        assert!(!working.is_empty(), "a running node has an item at work");
+        let pick = working[order[turn % order.len()] % working.len()];
+        let phase = if ends[pick as usize] { Succeeded } else { Dead };
+        children.insert(pick, phase);
+    }
+    unreachable!()
+}
+
+proptest! {
+    #[test]
+    fn each_item_gets_one_child_and_the_outcome_does_not_depend_on_the_order(
+        ends in prop::collection::vec(prop::bool::weighted(0.8), 1..120),
+        parallelism in 1u32..20,
+        max_failed in prop::option::of(0u32..10),
+        policy in 0u8..3,
+        k in 0u32..130,
+        order_a in prop::collection::vec(0usize..1000, 1..50),
+        order_b in prop::collection::vec(0usize..1000, 1..50),
+    ) {
+        let items = ends.len() as u32;
+        let success = match policy {
+            0 => SuccessPolicy::All,
+            1 => SuccessPolicy::MinSucceeded(k),
+            _ => SuccessPolicy::MinSucceededPercent(k.min(100)),
+        };
+        let n = FanOut { items, parallelism, success, max_failed_items: max_failed };
+        let (a, created_a) = run(&n, &ends, &order_a);
+        let (b, _) = run(&n, &ends, &order_b);
+        prop_assert_eq!(matches!(a, NodeOutcome::Succeeded), matches!(b, NodeOutcome::Succeeded));
+        let failures = ends.iter().filter(|e| !**e).count() as u32;
+        let expected = failures <= max_failed.unwrap_or(u32::MAX) && failures <= items - n.required();
+        prop_assert_eq!(matches!(a, NodeOutcome::Succeeded), expected);
+        if expected {
+            prop_assert_eq!(created_a, items, "a node that succeeds ran every item once");
+        }
+    }
+}
