@@ -19,7 +19,7 @@ pub fn bind_address(asked: Option<IpAddr>) -> IpAddr {
 
 /// A token from 32 random bytes, as hex (the caller supplies the randomness).
 pub fn token_from(bytes: [u8; 32]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::core::hex(&bytes)
 }
 
 /// Compares in time independent of where the first difference is.

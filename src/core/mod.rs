@@ -12,3 +12,8 @@ pub mod selector;
 pub mod task;
 pub mod trace;
 pub mod worker;
+
+/// Bytes as lowercase hex, two digits each (digests in names, trace ids, tokens).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

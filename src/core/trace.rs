@@ -13,6 +13,7 @@ use jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
 use crate::api::{AxTaskStatus, HistoryEntry, SpanLink, TaskPhase, TraceContext};
+use crate::core::hex;
 use crate::core::task::Reason;
 
 /// The W3C `traceparent` a submitter puts on an AxTask or AxDag for its trace to continue there.
@@ -46,7 +47,7 @@ impl TraceParent {
         let [version, trace_id, span_id, flags] = parts[..] else {
             return Err(error());
         };
-        let hex = |s: &str, len: usize| {
+        let is_hex = |s: &str, len: usize| {
             s.len() == len
                 && s.bytes()
                     .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
@@ -54,13 +55,13 @@ impl TraceParent {
         let zero = |s: &str| s.bytes().all(|b| b == b'0');
         // Version ff is forbidden; a later version is read as 00 when it has 00's shape, as the
         // W3C spec asks (and here it has exactly four parts).
-        if !hex(version, 2)
+        if !is_hex(version, 2)
             || version == "ff"
-            || !hex(trace_id, 32)
+            || !is_hex(trace_id, 32)
             || zero(trace_id)
-            || !hex(span_id, 16)
+            || !is_hex(span_id, 16)
             || zero(span_id)
-            || !hex(flags, 2)
+            || !is_hex(flags, 2)
         {
             return Err(error());
         }
@@ -277,10 +278,6 @@ fn traceparent_of(trace: &TraceContext, uid: &str, what: SpanOf) -> String {
     traceparent(&trace.trace_id, &span, trace.sampled)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// An attribute's value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
@@ -448,10 +445,10 @@ pub fn spans_ended(
             ));
         }
         if entry.to.is_terminal() {
+            // A re-run starts at its Rerun entry; the first run has none before it.
             let start = earlier
                 .iter()
                 .rev()
-                .take_while(|_| run > 0)
                 .find(|h| h.reason == Reason::Rerun.as_str())
                 .map(|h| h.time)
                 .or(subject.created)

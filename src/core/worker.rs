@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
 
 use crate::api::AxTask;
-use crate::core::trace;
+use crate::core::{hex, trace};
 
 pub const LABEL_TASK: &str = "ax.dev/task";
 pub const LABEL_ATTEMPT: &str = "ax.dev/attempt";
@@ -54,11 +54,7 @@ pub fn label_value(name: &str) -> String {
 /// `prefix-hash` of at most `max` characters; the hash keeps distinct names distinct.
 fn shorten(name: &str, max: usize) -> String {
     let digest = Sha256::digest(name.as_bytes());
-    let hash: String = digest
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>()[..HASH_LEN]
-        .to_string();
+    let hash = hex(&digest)[..HASH_LEN].to_string();
     let keep = max.saturating_sub(HASH_LEN + 1);
     // Names are ASCII (DNS subdomains); stay on a char boundary anyway and never end on a separator.
     let mut prefix: String = name.chars().take(keep).collect();
