@@ -1,16 +1,21 @@
 //! The operator killed with SIGKILL while tasks are Scheduled and Running, then restarted: every
-//! task still finishes, and no attempt ever has two pods. This test starts its own operators
+//! task still finishes, and no attempt ever has two pods; a DAG's fan-out creates no item twice. This test starts its own operators
 //! (e2e/run-tests.sh stops the shared one first).
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ax::api::{AxTask, TaskPhase};
+use ax::api::{AxDag, AxTask, TaskPhase};
 use common::process::Operator;
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
+use futures::StreamExt;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
 
 /// An operator of this test, logging to target/e2e/operator-restart.log.
 fn start_operator(identity: &str) -> Operator {
@@ -108,4 +113,96 @@ async fn operator_killed_mid_flight_loses_nothing_and_duplicates_nothing() {
         "only first attempts ran: {:?}",
         seen.keys()
     );
+}
+
+/// A DAG fanning out over 600 items, its operator SIGKILLed twice while items are at work: the
+/// DAG still Succeeds, and every item's child was created once and ran once.
+#[tokio::test]
+async fn operator_killed_mid_fan_out_creates_no_item_twice() {
+    const ITEMS: usize = 600;
+    let client = client().await;
+    let ns = namespace(&client, "restart-fanout").await;
+
+    // Every uid each child name ever had, as the watch saw them.
+    let uids: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let recorder = uids.clone();
+    let mut stream = watcher(tasks, watcher::Config::default().labels("ax.dev/item"))
+        .default_backoff()
+        .boxed();
+    let watch = tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::Apply(t) | watcher::Event::InitApply(t)) = event {
+                let mut uids = recorder.lock().unwrap();
+                let entry = uids.entry(t.name_any()).or_default();
+                entry.insert(t.uid().unwrap_or_default());
+            }
+        }
+    });
+
+    let mut operator = start_operator("fanout-a");
+    let worker = SimWorker::running_for(1500).start_ms(200);
+    let dag: AxDag = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+        "metadata": {"name": "wide"},
+        "spec": {"tasks": [{
+            "name": "map",
+            "spec": common::sim::sim_task_spec("fan", &worker),
+            "forEach": {"range": {"count": ITEMS}, "parallelism": 100},
+        }]},
+    }))
+    .expect("an AxDag");
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    dags.create(&Default::default(), &dag)
+        .await
+        .expect("create");
+
+    for (round, after) in [(0, 150), (1, 350)] {
+        // Killed once this many items were created, at work.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while uids.lock().unwrap().len() < after {
+            assert!(Instant::now() < deadline, "items never got to {after}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        operator.sigkill();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        operator = start_operator(&format!("fanout-{round}"));
+    }
+    let done = wait_for(
+        &client,
+        &ns,
+        "wide",
+        Duration::from_secs(600),
+        |d: &AxDag| {
+            d.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p.is_terminal())
+        },
+    )
+    .await;
+    operator.sigkill();
+    watch.abort();
+    let status = done.status.expect("status");
+    assert_eq!(
+        status.phase,
+        Some(ax::api::DagPhase::Succeeded),
+        "{status:#?}"
+    );
+    let items = status.nodes["map"].items.clone().expect("items");
+    assert_eq!(items.succeeded as usize, ITEMS);
+
+    let uids = uids.lock().unwrap().clone();
+    assert_eq!(uids.len(), ITEMS, "one child per item");
+    let twice: Vec<&String> = uids
+        .iter()
+        .filter(|(_, u)| u.len() > 1)
+        .map(|(n, _)| n)
+        .collect();
+    assert!(twice.is_empty(), "created more than once: {twice:?}");
+    let api: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    for child in api.list(&ListParams::default()).await.expect("list").items {
+        let attempt = child.status.as_ref().map_or(0, |s| s.attempt);
+        assert_eq!(attempt, 1, "{} ran {attempt} times", child.name_any());
+    }
 }

@@ -13,6 +13,8 @@ use super::{AxTaskSpec, Condition, date_time};
 pub const LABEL_DAG: &str = "ax.dev/dag";
 /// Label on every child AxTask: the name of its task in the AxDag.
 pub const LABEL_DAG_TASK: &str = "ax.dev/dag-task";
+/// Label on each child of a `forEach` task: the index of its item.
+pub const LABEL_DAG_ITEM: &str = "ax.dev/item";
 
 /// A graph of tasks: each starts once all the tasks it depends on succeeded.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -76,6 +78,95 @@ pub struct DagTask {
     pub depends_on: Vec<String>,
     /// The spec of the child AxTask.
     pub spec: AxTaskSpec,
+    /// Runs the task once per item, as the children `<dag>-<name>-<index>`, instead of once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<ForEach>,
+}
+
+/// A task run once per item: each item is a child AxTask of its own, with its own retries; the
+/// task (the node) succeeds or fails by `successPolicy` and `maxFailedItems`. The DAG's status
+/// keeps counts and the failed indexes, never one entry per item.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForEach {
+    /// A literal list: one child per element, which it gets as its item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_values")]
+    pub items: Option<Vec<serde_json::Value>>,
+    /// One child per index `0..count`, which it gets as its item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<ItemRange>,
+    /// Items at work (created and not finished) at most; children are created as earlier ones
+    /// finish, lowest index first (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub parallelism: Option<i32>,
+    /// When the task succeeds; every item (but `maxFailedItems`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_policy: Option<ItemSuccessPolicy>,
+    /// Failed (Dead or Canceled) items tolerated; one more fails the task at once, creates no
+    /// further child and cancels the items at work. None tolerated when absent and
+    /// `successPolicy` is absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_failed_items: Option<i32>,
+    /// The length of `items` in the operator's cache, which drops the list itself.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub cached_item_count: Option<usize>,
+}
+
+impl ForEach {
+    /// How many items: the list's length or the range's count.
+    /// None when it sets both or neither.
+    pub fn item_count(&self) -> Option<usize> {
+        let listed = self.items.as_ref().map(Vec::len).or(self.cached_item_count);
+        match (listed, &self.range) {
+            (Some(count), None) => Some(count),
+            (None, Some(range)) => usize::try_from(range.count).ok(),
+            _ => None,
+        }
+    }
+
+    /// Whether it lists its items (rather than a range).
+    pub fn lists_items(&self) -> bool {
+        self.items.is_some() || self.cached_item_count.is_some()
+    }
+
+    /// The item of child `index`: the list's element, or the index itself.
+    pub fn item(&self, index: u32) -> Option<serde_json::Value> {
+        match &self.items {
+            Some(items) => items.get(usize::try_from(index).ok()?).cloned(),
+            None => Some(serde_json::Value::from(index)),
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemRange {
+    #[schemars(range(min = 0, max = 1000000))]
+    pub count: i64,
+}
+
+/// At least this many (or this percentage, rounded up) of the items must succeed; set one.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ItemSuccessPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_succeeded: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub min_succeeded_percent: Option<i64>,
+}
+
+/// Schema for a list of any JSON values.
+fn any_values(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": {"x-kubernetes-preserve-unknown-fields": true},
+    })
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
@@ -160,9 +251,30 @@ impl DagNodePhase {
 #[serde(rename_all = "camelCase")]
 pub struct DagNodeStatus {
     pub phase: DagNodePhase,
-    /// Name of the child AxTask, once it was created.
+    /// Name of the child AxTask, once it was created (none for a `forEach` task).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
+    /// The items of a `forEach` task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<DagItemsStatus>,
+}
+
+/// How the items of a `forEach` task stand: counts, never one entry per item.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DagItemsStatus {
+    pub total: u32,
+    /// Children created and not finished.
+    pub at_work: u32,
+    pub succeeded: u32,
+    /// Children Dead or Canceled.
+    pub failed: u32,
+    /// The failed items' indexes as ranges (`3,7-9`), the first 100 ranges listed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub failed_indexes: String,
+    /// Why the task failed, once it did.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// Where the DAG and each of its tasks stand, as the operator last saw them.

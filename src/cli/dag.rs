@@ -68,7 +68,16 @@ pub fn render(dag: &AxDag) -> String {
                 t.name.clone(),
                 node.map(|n| node_phase_name(n.phase))
                     .unwrap_or_else(|| "NotStarted".into()),
-                node.and_then(|n| n.task.clone()).unwrap_or_default(),
+                match (node, &t.for_each) {
+                    (Some(n), _) if n.items.is_some() => items_cell(&dag.name_any(), &t.name, n),
+                    (_, Some(f)) => format!(
+                        "{}-{}-<index>, {} items",
+                        dag.name_any(),
+                        t.name,
+                        f.item_count().unwrap_or_default()
+                    ),
+                    _ => node.and_then(|n| n.task.clone()).unwrap_or_default(),
+                },
                 t.depends_on.join(", "),
             ],
         ));
@@ -80,7 +89,29 @@ pub fn render(dag: &AxDag) -> String {
         &["LEVEL", "TASK", "PHASE", "CHILD", "DEPENDS-ON"],
         &rows,
     ));
+    // The failed items of each forEach task: their indexes, and why the task failed.
+    for (task, node) in &status.nodes {
+        let Some(items) = node.items.as_ref().filter(|i| i.failed > 0) else {
+            continue;
+        };
+        out.push_str(&format!("{task}: failed items {}", items.failed_indexes));
+        if !items.message.is_empty() {
+            out.push_str(&format!(" ({})", items.message));
+        }
+        out.push('\n');
+    }
     out
+}
+
+/// A forEach task's children in one cell: their names and how its items stand.
+fn items_cell(dag: &str, task: &str, node: &crate::api::DagNodeStatus) -> String {
+    let Some(items) = &node.items else {
+        return String::new();
+    };
+    format!(
+        "{dag}-{task}-<index>, {} items: {} succeeded, {} failed, {} at work",
+        items.total, items.succeeded, items.failed, items.at_work
+    )
 }
 
 pub async fn run(ctx: &Ctx, args: &DagArgs) -> Result<(), ClientError> {
@@ -185,5 +216,35 @@ mod tests {
             lines[5].contains("Skipped") && lines[5].contains("b, c"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_for_each_task_is_one_row_with_counts_and_its_failed_items_below() {
+        let dag: AxDag = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+            "metadata": {"name": "orders", "namespace": "n"},
+            "spec": {"tasks": [
+                {"name": "map", "spec": {"type": "x", "template": {}},
+                    "forEach": {"range": {"count": 2000}}},
+                {"name": "join", "dependsOn": ["map"], "spec": {"type": "x", "template": {}}},
+            ]},
+            "status": {"phase": "Running", "progress": "0/2", "nodes": {
+                "map": {"phase": "Running", "items": {"total": 2000, "atWork": 200,
+                    "succeeded": 1500, "failed": 3, "failedIndexes": "3,17-18"}},
+                "join": {"phase": "NotStarted"},
+            }},
+        }))
+        .unwrap();
+        let text = render(&dag);
+        assert!(
+            text.contains("orders-map-<index>, 2000 items: 1500 succeeded, 3 failed, 200 at work"),
+            "{text}"
+        );
+        assert!(text.ends_with("map: failed items 3,17-18\n"), "{text}");
+        let fresh = AxDag {
+            status: None,
+            ..dag
+        };
+        assert!(render(&fresh).contains("orders-map-<index>, 2000 items"));
     }
 }

@@ -92,6 +92,11 @@ pub fn dag(d: &mut AxDag) {
     for task in &mut d.spec.tasks {
         task.spec.template = PodTemplate::absent();
         task.spec.payload = None;
+        if let Some(for_each) = task.for_each.as_mut()
+            && let Some(items) = for_each.items.take()
+        {
+            for_each.cached_item_count = Some(items.len());
+        }
     }
 }
 
@@ -789,7 +794,8 @@ mod tests {
                 {"name": "a", "spec": {"type": "x", "queue": "q", "payload": {"big": "x".repeat(1000)},
                     "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}}},
                 {"name": "b", "dependsOn": ["a"], "spec": {"type": "y",
-                    "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}}},
+                    "template": {"spec": {"containers": [{"name": "w", "image": "i"}]}}},
+                    "forEach": {"items": [{"big": "x".repeat(1000)}, 2], "parallelism": 5}},
             ]},
             "status": {"phase": "Running", "observedGeneration": 3},
         }))
@@ -815,6 +821,16 @@ mod tests {
         );
         assert!(d.spec.tasks.iter().all(|t| t.spec.payload.is_none()));
         assert_eq!(d.spec.tasks[0].spec.queue, "q", "a task's scalars stay");
+        let for_each = d.spec.tasks[1].for_each.as_ref().expect("forEach kept");
+        assert_eq!(
+            (
+                for_each.items.as_ref(),
+                for_each.item_count(),
+                for_each.parallelism
+            ),
+            (None, Some(2), Some(5)),
+            "a forEach list is kept as its length"
+        );
     }
 
     #[test]

@@ -23,10 +23,11 @@ use super::expected::{EXPECTATION_TTL, Expected, Sight};
 use super::write::{self, ApiError};
 use super::{Ctx, Error, FIELD_MANAGER, Result, cache};
 use crate::api::{
-    AxDag, AxDagStatus, AxTask, AxTaskSpec, DagNodePhase, DagPhase, LABEL_DAG, LABEL_DAG_TASK,
-    TaskPhase, TraceContext,
+    AxDag, AxDagStatus, AxTask, AxTaskSpec, DagItemsStatus, DagNodePhase, DagPhase, FailurePolicy,
+    ForEach, LABEL_DAG, LABEL_DAG_ITEM, LABEL_DAG_TASK, TaskPhase, TraceContext,
 };
 use crate::core::conditions;
+use crate::core::dag::fanout::{self, FanOut};
 use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
 };
@@ -121,7 +122,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     if dag.metadata.deletion_timestamp.is_some() {
         // The garbage collector removes the children through their owner references; there is
         // nothing left to record, so nothing may hold them.
-        free_children(&dag, children.values(), &ctx).await?;
+        free_children(&dag, children.all(), &ctx).await?;
         return Ok(Requeue::await_change());
     }
     // Taken before any child is created: `startedAt` is never later than the first child.
@@ -137,26 +138,49 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
             depends_on: task.depends_on.clone(),
         })
         .collect();
-    let graph = match core::validate(&dag.name_any(), &spec_nodes) {
-        Ok(graph) => graph,
+    let valid = core::validate(&dag.name_any(), &spec_nodes)
+        .map_err(|e| e.to_string())
+        .and_then(|graph| Ok((graph, fan_outs(&dag)?)));
+    let (graph, fan_outs) = match valid {
+        Ok(valid) => valid,
         Err(error) => {
             if dag.spec.cancel {
-                cancel_children(&dag, children.keys(), &children, &ctx).await?;
+                cancel_children(&dag, children.all(), &ctx).await?;
             }
-            let status = invalid_status(&dag, &before, &error.to_string(), now);
+            let status = invalid_status(&dag, &before, &error, now);
             let written = write_and_publish(&dag, &before, status, false, &ctx).await?;
             return Ok(written.unwrap_or_else(Requeue::await_change));
         }
     };
 
     let rerun = start_rerun(&dag, &mut before, &children, &ctx).await?;
-    let mut phases = child_phases(&children);
-    for task in &rerun {
+    let mut phases = child_phases(&children.tasks);
+    let mut item_phases: HashMap<String, BTreeMap<u32, TaskPhase>> = children
+        .items
+        .iter()
+        .map(|(task, items)| (task.clone(), child_phases(items)))
+        .collect();
+    for key in &rerun {
         // Its re-run request is in; the child's own reconcile takes it from there.
-        phases.insert(task.clone(), TaskPhase::Pending);
+        key.set(&mut phases, &mut item_phases, TaskPhase::Pending);
     }
-    let waiting_for_cache = fill_in_expected(&ctx.dag_children, &uid, &mut phases);
+    let waiting_for_cache =
+        fill_in_expected(&ctx.dag_children, &uid, &mut phases, &mut item_phases);
     remember_finished_children(&before, &mut phases);
+
+    // A `forEach` task counts in the graph by what its items give it, once it has started.
+    let node_phase_of = |task: &str, items: &BTreeMap<u32, TaskPhase>| {
+        let step = fanout::step(&fan_outs[task], items);
+        match step.phase() {
+            TaskPhase::Dead if dag.spec.cancel => TaskPhase::Canceled,
+            phase => phase,
+        }
+    };
+    for (task, items) in &item_phases {
+        if fan_outs.contains_key(task) {
+            phases.insert(task.clone(), node_phase_of(task, items));
+        }
+    }
 
     let policy = dag.spec.failure_policy;
     let parallelism = dag
@@ -167,25 +191,81 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     let create = std::mem::take(&mut evaluation.create);
     if !create.is_empty() {
         for task in &create {
-            phases.insert(task.clone(), TaskPhase::Pending);
+            let phase = match fan_outs.contains_key(task) {
+                true => node_phase_of(task, &BTreeMap::new()),
+                false => TaskPhase::Pending,
+            };
+            phases.insert(task.clone(), phase);
         }
         // The status reports the children about to be created.
         evaluation = core::evaluate(&graph, &phases, policy, parallelism, dag.spec.cancel);
     }
-    cancel_children(&dag, evaluation.cancel.iter(), &children, &ctx).await?;
+    for task in create.iter().filter(|task| fan_outs.contains_key(*task)) {
+        item_phases.entry(task.clone()).or_default();
+    }
+
+    // Items to create now: none once the DAG creates nothing more (canceled, or a task failed
+    // under FailFast); a failed `forEach` task stops its own items.
+    let stopped = dag.spec.cancel
+        || (policy == FailurePolicy::FailFast
+            && evaluation
+                .nodes
+                .iter()
+                .any(|n| matches!(n.phase, DagNodePhase::Dead | DagNodePhase::Canceled)));
+    let mut create_items: Vec<(String, u32)> = Vec::new();
+    let mut cancel_items: Vec<&Arc<AxTask>> = Vec::new();
+    for (task, items) in &item_phases {
+        let step = fanout::step(&fan_outs[task], items);
+        if !stopped {
+            create_items.extend(step.create.iter().map(|&i| (task.clone(), i)));
+        }
+        let node_items = children.items.get(task);
+        let at_work = |i: &u32| node_items.and_then(|items| items.get(i));
+        if evaluation.cancel.contains(task) {
+            cancel_items.extend(node_items.into_iter().flat_map(|items| items.values()));
+        } else {
+            cancel_items.extend(step.cancel.iter().filter_map(at_work));
+        }
+    }
+    let plain = evaluation
+        .cancel
+        .iter()
+        .filter_map(|t| children.tasks.get(t));
+    cancel_children(&dag, plain.chain(cancel_items), &ctx).await?;
+    for (task, index) in &create_items {
+        if let Some(items) = item_phases.get_mut(task) {
+            items.insert(*index, TaskPhase::Pending);
+        }
+    }
+    let items_status: HashMap<String, DagItemsStatus> = item_phases
+        .iter()
+        .map(|(task, items)| {
+            let fan_out = &fan_outs[task];
+            (task.clone(), fanout::step(fan_out, items).status(fan_out))
+        })
+        .collect();
+    let create: Vec<String> = create
+        .into_iter()
+        .filter(|task| !fan_outs.contains_key(task))
+        .collect();
 
     // The cache keeps no task's spec: read the specs of the children to create. Only this
     // generation's may be used (a generation is one spec, so the decision above holds).
-    let specs = if create.is_empty() {
+    let wanted: BTreeSet<&str> = create
+        .iter()
+        .map(String::as_str)
+        .chain(create_items.iter().map(|(task, _)| task.as_str()))
+        .collect();
+    let specs = if wanted.is_empty() {
         HashMap::new()
     } else {
-        match task_specs(&dag, &create, &ctx).await? {
+        match task_specs(&dag, &wanted, &ctx).await? {
             Some(specs) => specs,
             // Edited or deleted since the cache's copy: its watch event brings the next reconcile.
             None => return Ok(Requeue::await_change()),
         }
     };
-    let mut status = graph_status(&graph, &dag, &before, &evaluation, now);
+    let mut status = graph_status(&graph, &dag, &before, &evaluation, &items_status, now);
     if status.trace.is_none() && !status.phase.is_some_and(DagPhase::is_terminal) {
         status.trace = trace_of(&dag, &uid, &ctx);
     }
@@ -195,27 +275,64 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     // recorded and then deleted (its finalizer comes off only after the record) is missing from the
     // children cache at once, while the cached DAG may not show the record yet; deciding on that
     // copy would run the child a second time. Written even when unchanged, for the same check.
-    let must_write = !create.is_empty();
+    let must_write = !wanted.is_empty();
     let Some(requeue) =
         write_and_publish(&dag, &original, status.clone(), must_write, &ctx).await?
     else {
         return Ok(Requeue::await_change());
     };
+    let traceparent = status
+        .trace
+        .as_ref()
+        .map(|t| trace::child_traceparent(t, &uid, status.observed_rerun));
+    let new_children = create
+        .iter()
+        .map(|task| -> Result<NewChild> {
+            let (spec, _) = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
+            Ok(NewChild {
+                key: ChildKey::Task(task.clone()),
+                name: graph.child_name(task),
+                spec: spec.clone(),
+            })
+        })
+        .chain(create_items.iter().map(|(task, index)| {
+            let (spec, for_each) = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
+            let item = for_each
+                .as_ref()
+                .and_then(|f| f.item(*index))
+                .ok_or(Error::Incomplete("item in spec"))?;
+            Ok(NewChild {
+                key: ChildKey::Item(task.clone(), *index),
+                name: fanout::item_child_name(&dag.name_any(), task, *index),
+                spec: fanout::item_spec(spec, *index, item),
+            })
+        }))
+        .collect::<Result<Vec<_>>>()?;
+    // Concurrently: a `forEach` task starts up to its parallelism of children at once.
+    let created: Vec<Result<(ChildKey, Created)>> = futures::stream::iter(new_children)
+        .map(|child| {
+            let (dag, uid, ctx, traceparent) = (&dag, &uid, &ctx, traceparent.clone());
+            async move {
+                let created = create_child(dag, uid, &child, traceparent, ctx).await?;
+                Ok((child.key, created))
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect()
+        .await;
     let mut name_taken = false;
-    for task in &create {
-        let spec = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
-        let traceparent = status
-            .trace
-            .as_ref()
-            .map(|t| trace::child_traceparent(t, &uid, status.observed_rerun));
-        let child_name = graph.child_name(task);
-        match create_child(&dag, &uid, &child_name, task, spec, traceparent, &ctx).await? {
-            Created::Yes => ctx.dag_children.created(&uid, task, (), Instant::now()),
-            Created::NameTaken => name_taken = true,
+    for result in created {
+        match result? {
+            (key, Created::Yes) => {
+                ctx.dag_children
+                    .created(&uid, &key.expected(), (), Instant::now())
+            }
+            (_, Created::NameTaken) => name_taken = true,
         }
     }
-    // Recorded: children being deleted may go now.
-    let recorded = children.iter().filter(|(task, child)| {
+    // Recorded: children being deleted may go now. A `forEach` task's items are their own record
+    // (the status keeps counts only): they stay while the DAG does.
+    let recorded = children.tasks.iter().filter(|(task, child)| {
         let phase = child_phase(child);
         !phase.is_terminal()
             || status
@@ -234,20 +351,101 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     })
 }
 
-/// The specs of `tasks` as the API server has `dag` now, if that is still the same generation of
-/// the same DAG (from `dag` itself when it is whole). Read as JSON text of which only those specs
-/// are parsed: a whole DAG of 500 tasks parses to many times its JSON, and every creating reconcile
-/// in flight would hold one.
+/// Children created at once by one reconcile.
+const CREATE_CONCURRENCY: usize = 16;
+
+/// The `forEach` tasks of `dag` by name, or why one cannot run.
+fn fan_outs(dag: &AxDag) -> std::result::Result<HashMap<String, FanOut>, String> {
+    let dag_name = dag.name_any();
+    dag.spec
+        .tasks
+        .iter()
+        .filter_map(|task| Some((task, task.for_each.as_ref()?)))
+        .map(|(task, for_each)| {
+            let fan_out = fanout::of_spec(&dag_name, &task.name, for_each)?;
+            Ok((task.name.clone(), fan_out))
+        })
+        .collect()
+}
+
+/// Which child of the DAG: the one of a task, or one item's of a `forEach` task.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum ChildKey {
+    Task(String),
+    Item(String, u32),
+}
+
+impl ChildKey {
+    /// Its key among the DAG's expected children: the task's name, or `task/index` (no task name
+    /// has a `/`).
+    fn expected(&self) -> String {
+        match self {
+            ChildKey::Task(task) => task.clone(),
+            ChildKey::Item(task, index) => format!("{task}/{index}"),
+        }
+    }
+
+    fn of_expected(key: &str) -> Self {
+        match key.split_once('/').map(|(t, i)| (t, i.parse())) {
+            Some((task, Ok(index))) => ChildKey::Item(task.to_owned(), index),
+            _ => ChildKey::Task(key.to_owned()),
+        }
+    }
+
+    fn set(
+        &self,
+        phases: &mut HashMap<String, TaskPhase>,
+        items: &mut HashMap<String, BTreeMap<u32, TaskPhase>>,
+        phase: TaskPhase,
+    ) {
+        match self {
+            ChildKey::Task(task) => {
+                phases.insert(task.clone(), phase);
+            }
+            ChildKey::Item(task, index) => {
+                items.entry(task.clone()).or_default().insert(*index, phase);
+            }
+        }
+    }
+
+    fn is_in(
+        &self,
+        phases: &HashMap<String, TaskPhase>,
+        items: &HashMap<String, BTreeMap<u32, TaskPhase>>,
+    ) -> bool {
+        match self {
+            ChildKey::Task(task) => phases.contains_key(task),
+            ChildKey::Item(task, index) => items.get(task).is_some_and(|i| i.contains_key(index)),
+        }
+    }
+}
+
+/// A child about to be created.
+struct NewChild {
+    key: ChildKey,
+    name: String,
+    spec: AxTaskSpec,
+}
+
+/// The specs (and `forEach`) of `tasks` as the API server has `dag` now, if that is still the same
+/// generation of the same DAG (from `dag` itself when it is whole). Read as JSON text of which only
+/// those specs are parsed: a whole DAG of 500 tasks parses to many times its JSON, and every
+/// creating reconcile in flight would hold one.
 async fn task_specs(
     dag: &AxDag,
-    tasks: &[String],
+    tasks: &BTreeSet<&str>,
     ctx: &Ctx,
-) -> Result<Option<HashMap<String, AxTaskSpec>>> {
-    let wanted = |name: &str| tasks.iter().any(|t| t == name);
+) -> Result<Option<HashMap<String, (AxTaskSpec, Option<ForEach>)>>> {
     if !cache::dag_is_reduced(dag) {
-        let specs = dag.spec.tasks.iter().filter(|t| wanted(&t.name));
+        let specs = dag
+            .spec
+            .tasks
+            .iter()
+            .filter(|t| tasks.contains(t.name.as_str()));
         return Ok(Some(
-            specs.map(|t| (t.name.clone(), t.spec.clone())).collect(),
+            specs
+                .map(|t| (t.name.clone(), (t.spec.clone(), t.for_each.clone())))
+                .collect(),
         ));
     }
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
@@ -266,9 +464,19 @@ async fn task_specs(
         return Ok(None);
     }
     let mut specs = HashMap::new();
-    for task in raw.spec.tasks.into_iter().filter(|t| wanted(&t.name)) {
+    for task in raw
+        .spec
+        .tasks
+        .into_iter()
+        .filter(|t| tasks.contains(t.name.as_str()))
+    {
         let spec = serde_json::from_str(task.spec.get()).map_err(read)?;
-        specs.insert(task.name, spec);
+        let for_each = task
+            .for_each
+            .map(|f| serde_json::from_str(f.get()))
+            .transpose()
+            .map_err(read)?;
+        specs.insert(task.name, (spec, for_each));
     }
     Ok(Some(specs))
 }
@@ -288,31 +496,65 @@ struct RawDagSpec<'a> {
 }
 
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct RawDagTask<'a> {
     name: String,
     #[serde(borrow)]
     spec: &'a serde_json::value::RawValue,
+    #[serde(borrow, default)]
+    for_each: Option<&'a serde_json::value::RawValue>,
 }
 
-/// The children of this DAG in the cache, by task name: AxTasks in its namespace whose controller
-/// is this DAG (by uid, so the children of an older DAG of the same name do not count). Looked up
-/// through the owner index: a reconcile reads its own children, not every DAG's.
-fn owned_children(dag: &AxDag, uid: &str, ctx: &Ctx) -> HashMap<String, Arc<AxTask>> {
+/// The children of a DAG.
+struct Children {
+    /// Of the tasks that run once, by task name.
+    tasks: HashMap<String, Arc<AxTask>>,
+    /// Of the `forEach` tasks, by task name and item index.
+    items: HashMap<String, BTreeMap<u32, Arc<AxTask>>>,
+}
+
+impl Children {
+    fn all(&self) -> impl Iterator<Item = &Arc<AxTask>> {
+        let items = self.items.values().flat_map(BTreeMap::values);
+        self.tasks.values().chain(items)
+    }
+}
+
+/// The children of this DAG in the cache: AxTasks in its namespace whose controller is this DAG
+/// (by uid, so the children of an older DAG of the same name do not count). Looked up through the
+/// owner index: a reconcile reads its own children, not every DAG's.
+fn owned_children(dag: &AxDag, uid: &str, ctx: &Ctx) -> Children {
     let namespace = dag.namespace();
     let prefix = format!("{}-", dag.name_any());
-    ctx.tasks_by_owner
-        .children_of(uid)
+    let mut children = Children {
+        tasks: HashMap::new(),
+        items: HashMap::new(),
+    };
+    let keys = ctx.tasks_by_owner.children_of(uid);
+    let owned = keys
         .iter()
         .filter_map(|key| ctx.tasks.get(&key.object_ref())?.child().cloned())
-        .filter(|child| child.namespace() == namespace && is_controlled_by(child, uid))
-        .filter_map(|child| {
-            let task = match child.labels().get(LABEL_DAG_TASK) {
-                Some(task) => task.clone(),
-                None => child.name_any().strip_prefix(&prefix)?.to_owned(),
-            };
-            Some((task, child))
-        })
-        .collect()
+        .filter(|child| child.namespace() == namespace && is_controlled_by(child, uid));
+    for child in owned {
+        let task = match child.labels().get(LABEL_DAG_TASK) {
+            Some(task) => task.clone(),
+            None => match child.name_any().strip_prefix(&prefix) {
+                Some(task) => task.to_owned(),
+                None => continue,
+            },
+        };
+        match child.labels().get(LABEL_DAG_ITEM).map(|i| i.parse::<u32>()) {
+            Some(Ok(index)) => {
+                children.items.entry(task).or_default().insert(index, child);
+            }
+            // Not made by this operator: an item label that is no index.
+            Some(Err(_)) => {}
+            None => {
+                children.tasks.insert(task, child);
+            }
+        }
+    }
+    children
 }
 
 fn is_controlled_by(child: &AxTask, uid: &str) -> bool {
@@ -322,29 +564,32 @@ fn is_controlled_by(child: &AxTask, uid: &str) -> bool {
         .any(|owner| owner.uid == uid && owner.controller == Some(true))
 }
 
-/// Adds the children this process created that the cache does not show yet to `phases`, as
-/// Pending. Returns whether any remain.
+/// Adds the children this process created that the cache does not show yet to `phases` and
+/// `items`, as Pending. Returns whether any remain.
 fn fill_in_expected(
     expected: &Expected<String, ()>,
     dag_uid: &String,
     phases: &mut HashMap<String, TaskPhase>,
+    items: &mut HashMap<String, BTreeMap<u32, TaskPhase>>,
 ) -> bool {
-    let sight = |task: &str, _: &()| match phases.contains_key(task) {
+    let sight = |key: &str, _: &()| match ChildKey::of_expected(key).is_in(phases, items) {
         true => Sight::Seen,
         false => Sight::NotSeen,
     };
     let pending = expected.pending(dag_uid, Instant::now(), sight);
     let any = !pending.is_empty();
-    for (task, ()) in pending {
-        phases.insert(task, TaskPhase::Pending);
+    for (key, ()) in pending {
+        ChildKey::of_expected(&key).set(phases, items, TaskPhase::Pending);
     }
     any
 }
 
-fn child_phases(children: &HashMap<String, Arc<AxTask>>) -> HashMap<String, TaskPhase> {
+fn child_phases<'a, K: Clone + 'a, C: FromIterator<(K, TaskPhase)>>(
+    children: impl IntoIterator<Item = (&'a K, &'a Arc<AxTask>)>,
+) -> C {
     children
-        .iter()
-        .map(|(task, child)| (task.clone(), child_phase(child)))
+        .into_iter()
+        .map(|(key, child)| (key.clone(), child_phase(child)))
         .collect()
 }
 
@@ -369,41 +614,40 @@ async fn free_children<'a>(
 }
 
 /// Acts on a re-run request of a finished DAG, like `argo retry`: children that Succeeded are kept;
-/// Dead and Canceled children get a re-run request of their own; Skipped tasks, and finished
-/// children that are gone, start again from nothing. `before` becomes the status the re-run starts
-/// from. Returns the tasks whose children were asked to re-run. A request while the DAG runs waits
-/// until it has finished.
+/// Dead and Canceled children (a `forEach` task's failed items) get a re-run request of their own;
+/// Skipped tasks, and finished children that are gone, start again from nothing. `before` becomes
+/// the status the re-run starts from. Returns the children that were asked to re-run. A request
+/// while the DAG runs waits until it has finished.
 async fn start_rerun(
     dag: &AxDag,
     before: &mut AxDagStatus,
-    children: &HashMap<String, Arc<AxTask>>,
+    children: &Children,
     ctx: &Ctx,
-) -> Result<BTreeSet<String>> {
-    let mut asked = BTreeSet::new();
+) -> Result<Vec<ChildKey>> {
+    let mut asked = Vec::new();
     let finished = before.phase.is_some_and(DagPhase::is_terminal);
     if dag.spec.rerun <= before.observed_rerun || dag.spec.cancel || !finished {
         return Ok(asked);
     }
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
+    let failed =
+        |child: &AxTask| matches!(child_phase(child), TaskPhase::Dead | TaskPhase::Canceled);
     for (task, node) in before.nodes.iter_mut() {
         if matches!(node.phase, DagNodePhase::Succeeded) {
             continue;
         }
-        match children.get(task) {
-            Some(child) if matches!(child_phase(child), TaskPhase::Dead | TaskPhase::Canceled) => {
-                let patch = Patch::Merge(serde_json::json!({
-                    "metadata": {"resourceVersion": child.resource_version()},
-                    "spec": {"rerun": child.spec.rerun + 1, "cancel": false},
-                }));
-                let params = PatchParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                };
-                api.patch(&child.name_any(), &params, &patch)
-                    .await
-                    .map_err(Error::UpdateChild)?;
-                asked.insert(task.clone());
+        if let Some(items) = children.items.get(task) {
+            for (index, child) in items.iter().filter(|(_, child)| failed(child)) {
+                ask_rerun(&api, child).await?;
+                asked.push(ChildKey::Item(task.clone(), *index));
+            }
+            continue;
+        }
+        match children.tasks.get(task) {
+            Some(child) if failed(child) => {
+                ask_rerun(&api, child).await?;
+                asked.push(ChildKey::Task(task.clone()));
             }
             Some(_) => {}
             None => {
@@ -414,13 +658,28 @@ async fn start_rerun(
     }
     before.observed_rerun += 1;
     let note = format!(
-        "re-run {} (spec.rerun={}): {} failed tasks asked to run again",
+        "re-run {} (spec.rerun={}): {} failed children asked to run again",
         before.observed_rerun,
         dag.spec.rerun,
         asked.len()
     );
     publish(dag, EventType::Normal, "Rerun", &note, ctx);
     Ok(asked)
+}
+
+async fn ask_rerun(api: &Api<AxTask>, child: &AxTask) -> Result<()> {
+    let patch = Patch::Merge(serde_json::json!({
+        "metadata": {"resourceVersion": child.resource_version()},
+        "spec": {"rerun": child.spec.rerun + 1, "cancel": false},
+    }));
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch(&child.name_any(), &params, &patch)
+        .await
+        .map_err(Error::UpdateChild)?;
+    Ok(())
 }
 
 enum Created {
@@ -433,22 +692,28 @@ enum Created {
 async fn create_child(
     dag: &AxDag,
     uid: &str,
-    child_name: &str,
-    task: &str,
-    spec: &AxTaskSpec,
+    new: &NewChild,
     traceparent: Option<String>,
     ctx: &Ctx,
 ) -> Result<Created> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
-    let mut child = AxTask::new(child_name, spec.clone());
+    let child_name = new.name.as_str();
+    let mut child = AxTask::new(child_name, new.spec.clone());
     child.metadata.namespace = Some(namespace.clone());
     // The child's trace is a child of the DAG's span.
     child.metadata.annotations =
         traceparent.map(|t| BTreeMap::from([(TRACEPARENT_ANNOTATION.to_owned(), t)]));
-    child.metadata.labels = Some(BTreeMap::from([
-        (LABEL_DAG.to_owned(), dag.name_any()),
-        (LABEL_DAG_TASK.to_owned(), task.to_owned()),
-    ]));
+    let mut labels = BTreeMap::from([(LABEL_DAG.to_owned(), dag.name_any())]);
+    match &new.key {
+        ChildKey::Task(task) => {
+            labels.insert(LABEL_DAG_TASK.to_owned(), task.clone());
+        }
+        ChildKey::Item(task, index) => {
+            labels.insert(LABEL_DAG_TASK.to_owned(), task.clone());
+            labels.insert(LABEL_DAG_ITEM.to_owned(), index.to_string());
+        }
+    }
+    child.metadata.labels = Some(labels);
     child.metadata.finalizers = Some(vec![CHILD_FINALIZER.to_owned()]);
     child.metadata.owner_references = Some(vec![OwnerReference {
         api_version: AxDag::api_version(&()).into_owned(),
@@ -494,11 +759,11 @@ async fn create_child(
     }
 }
 
-/// Sets `spec.cancel` on each listed child that exists and is not canceled already.
+/// Sets `spec.cancel` on each of `children` that is not canceled or finished already. (A child
+/// created a moment ago and not in the cache yet is canceled by the next reconcile.)
 async fn cancel_children<'a>(
     dag: &AxDag,
-    tasks: impl Iterator<Item = &'a String>,
-    children: &HashMap<String, Arc<AxTask>>,
+    children: impl Iterator<Item = &'a Arc<AxTask>>,
     ctx: &Ctx,
 ) -> Result<()> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
@@ -508,11 +773,7 @@ async fn cancel_children<'a>(
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
-    for task in tasks {
-        let Some(child) = children.get(task) else {
-            // Created a moment ago: the cache will show it and the next reconcile cancels it.
-            continue;
-        };
+    for child in children {
         let terminal = child
             .status
             .as_ref()

@@ -10,6 +10,11 @@ pub const EXIT_CODE_ENV: &str = "AX_SIM_EXIT_CODE";
 pub const MESSAGE_ENV: &str = "AX_SIM_MESSAGE";
 pub const HANG_ENV: &str = "AX_SIM_HANG";
 pub const IGNORE_SIGTERM_ENV: &str = "AX_SIM_IGNORE_SIGTERM";
+/// Comma-separated item indexes (an AxDag `forEach` child's `AX_ITEM_INDEX`) that exit with
+/// `AX_SIM_EXIT_CODE`; the other items exit 0. Absent: every pod exits with `AX_SIM_EXIT_CODE`.
+pub const FAILING_ITEMS_ENV: &str = "AX_SIM_FAILING_ITEMS";
+/// The variable a `forEach` child's worker gets its item's index in (set by ax).
+pub const ITEM_INDEX_ENV: &str = "AX_ITEM_INDEX";
 
 const DEFAULT_START: Duration = Duration::from_millis(50);
 const DEFAULT_DURATION: Duration = Duration::from_millis(100);
@@ -74,6 +79,14 @@ impl PodScript {
                 0
             }),
         };
+        let exit_code = match literal(FAILING_ITEMS_ENV) {
+            None => exit_code,
+            Some(list) => {
+                let index = literal(ITEM_INDEX_ENV).unwrap_or_default();
+                let fails = list.split(',').any(|i| i.trim() == index);
+                if fails { exit_code } else { 0 }
+            }
+        };
         // The message is kept verbatim (not trimmed), like a termination-log file.
         let message = env
             .iter()
@@ -121,6 +134,19 @@ mod tests {
             }
         }))
         .expect("valid pod")
+    }
+
+    #[test]
+    fn only_the_failing_items_exit_with_the_exit_code() {
+        let exit = |index: &str| {
+            let env = json!([
+                {"name": "AX_ITEM_INDEX", "value": index},
+                {"name": "AX_SIM_EXIT_CODE", "value": "3"},
+                {"name": "AX_SIM_FAILING_ITEMS", "value": "1, 4"},
+            ]);
+            PodScript::from_pod(&pod("Never", env)).script.exit_code
+        };
+        assert_eq!((exit("0"), exit("1"), exit("4"), exit("14")), (0, 3, 3, 0));
     }
 
     #[test]

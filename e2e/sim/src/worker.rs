@@ -5,7 +5,8 @@
 use serde_json::{Value, json};
 
 use crate::script::{
-    DURATION_MS_ENV, EXIT_CODE_ENV, HANG_ENV, IGNORE_SIGTERM_ENV, MESSAGE_ENV, START_MS_ENV,
+    DURATION_MS_ENV, EXIT_CODE_ENV, FAILING_ITEMS_ENV, HANG_ENV, IGNORE_SIGTERM_ENV, MESSAGE_ENV,
+    START_MS_ENV,
 };
 
 /// Label of the simulated nodes (value `"true"`); a pod lands there only if it selects it.
@@ -25,6 +26,7 @@ pub struct SimWorker {
     message: Option<String>,
     hang: bool,
     ignores_sigterm: bool,
+    failing_items: Option<Vec<u32>>,
 }
 
 impl SimWorker {
@@ -67,6 +69,12 @@ impl SimWorker {
         self
     }
 
+    /// As an AxDag `forEach` child: only these items exit with the exit code, the others exit 0.
+    pub fn failing_items(mut self, items: &[u32]) -> Self {
+        self.failing_items = Some(items.to_vec());
+        self
+    }
+
     /// The env of the first container (a list of EnvVar).
     pub fn env(&self) -> Value {
         let mut env = Vec::new();
@@ -88,6 +96,10 @@ impl SimWorker {
         }
         if self.ignores_sigterm {
             var(IGNORE_SIGTERM_ENV, "true".into());
+        }
+        if let Some(items) = &self.failing_items {
+            let list: Vec<String> = items.iter().map(u32::to_string).collect();
+            var(FAILING_ITEMS_ENV, list.join(","));
         }
         Value::Array(env)
     }

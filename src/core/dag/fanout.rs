@@ -16,7 +16,15 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::api::TaskPhase;
+use k8s_openapi::api::core::v1::EnvVar;
+
+use super::MAX_CHILD_NAME_LEN;
+use crate::api::{AxTaskSpec, DagItemsStatus, ForEach, TaskPhase};
+
+/// Items at work at once when `forEach.parallelism` is absent.
+pub const DEFAULT_PARALLELISM: u32 = 100;
+/// Most items one `forEach` task may have.
+pub const MAX_ITEMS: usize = 1_000_000;
 
 /// Failed indexes listed in the status at most; the rest are counted.
 pub const FAILED_INDEXES_LISTED: usize = 100;
@@ -159,6 +167,142 @@ pub fn step(node: &FanOut, phases: &BTreeMap<u32, TaskPhase>) -> Step {
         counts,
         outcome,
         failed_indexes,
+    }
+}
+
+/// The node a `forEach` spec describes, or why it cannot run (for the DAG's `InvalidSpec`).
+pub fn of_spec(dag_name: &str, task: &str, for_each: &ForEach) -> Result<FanOut, String> {
+    if for_each.lists_items() == for_each.range.is_some() {
+        return Err(format!(
+            "task `{task}`: forEach needs exactly one of items and range"
+        ));
+    }
+    let items = for_each
+        .item_count()
+        .ok_or_else(|| format!("task `{task}`: forEach.range.count is negative"))?;
+    if items > MAX_ITEMS {
+        return Err(format!(
+            "task `{task}`: forEach has {items} items, more than {MAX_ITEMS}"
+        ));
+    }
+    let items = u32::try_from(items).unwrap_or(u32::MAX);
+    let last = item_child_name(dag_name, task, items.saturating_sub(1));
+    if last.len() > MAX_CHILD_NAME_LEN {
+        return Err(format!(
+            "task `{task}`: child name `{last}` is {} characters, more than {MAX_CHILD_NAME_LEN}",
+            last.len()
+        ));
+    }
+    let non_negative = |value: i64, field: &str| {
+        u32::try_from(value).map_err(|_| format!("task `{task}`: forEach.{field} is {value}"))
+    };
+    let success = match &for_each.success_policy {
+        None => SuccessPolicy::All,
+        Some(policy) => match (policy.min_succeeded, policy.min_succeeded_percent) {
+            (Some(n), None) => {
+                SuccessPolicy::MinSucceeded(non_negative(n, "successPolicy.minSucceeded")?)
+            }
+            (None, Some(p)) if (0..=100).contains(&p) => SuccessPolicy::MinSucceededPercent(
+                non_negative(p, "successPolicy.minSucceededPercent")?,
+            ),
+            (None, Some(p)) => {
+                return Err(format!(
+                    "task `{task}`: forEach.successPolicy.minSucceededPercent is {p}, not 0-100"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "task `{task}`: forEach.successPolicy needs exactly one of minSucceeded and minSucceededPercent"
+                ));
+            }
+        },
+    };
+    let parallelism = match for_each.parallelism {
+        Some(p) if p < 1 => {
+            return Err(format!(
+                "task `{task}`: forEach.parallelism is {p}, less than 1"
+            ));
+        }
+        Some(p) => p.unsigned_abs(),
+        None => DEFAULT_PARALLELISM,
+    };
+    let max_failed_items = for_each
+        .max_failed_items
+        .map(|m| non_negative(m.into(), "maxFailedItems"))
+        .transpose()?;
+    Ok(FanOut {
+        items,
+        parallelism,
+        success,
+        max_failed_items,
+    })
+}
+
+/// The name of the child AxTask that runs item `index` of `task`.
+pub fn item_child_name(dag_name: &str, task: &str, index: u32) -> String {
+    format!("{dag_name}-{task}-{index}")
+}
+
+/// The spec of item `index`'s child: the task's spec, whose payload gets `item` and `itemIndex`
+/// (a payload that is no object is kept under `payload`), and whose containers get env `AX_ITEM`
+/// (the item as JSON) and `AX_ITEM_INDEX`. A variable the template sets itself wins.
+pub fn item_spec(spec: &AxTaskSpec, index: u32, item: serde_json::Value) -> AxTaskSpec {
+    let mut spec = spec.clone();
+    let item_json = item.to_string();
+    let mut payload = match spec.payload.take() {
+        Some(serde_json::Value::Object(map)) => map,
+        Some(other) => serde_json::Map::from_iter([("payload".to_owned(), other)]),
+        None => serde_json::Map::new(),
+    };
+    payload.insert("item".into(), item);
+    payload.insert("itemIndex".into(), index.into());
+    spec.payload = Some(serde_json::Value::Object(payload));
+    if let Some(pod) = spec.template.spec.as_mut() {
+        let vars = [("AX_ITEM", item_json), ("AX_ITEM_INDEX", index.to_string())];
+        for container in &mut pod.containers {
+            let env = container.env.get_or_insert_with(Vec::new);
+            for (name, value) in &vars {
+                if !env.iter().any(|e| e.name == *name) {
+                    env.insert(
+                        0,
+                        EnvVar {
+                            name: (*name).into(),
+                            value: Some(value.clone()),
+                            value_from: None,
+                        },
+                    );
+                }
+            }
+        }
+    }
+    spec
+}
+
+impl Step {
+    /// The node's items as the DAG's status reports them.
+    pub fn status(&self, node: &FanOut) -> DagItemsStatus {
+        DagItemsStatus {
+            total: node.items,
+            at_work: self.counts.at_work,
+            succeeded: self.counts.succeeded,
+            failed: self.counts.failed,
+            failed_indexes: self.failed_indexes.clone(),
+            message: match &self.outcome {
+                NodeOutcome::Failed(why) => why.clone(),
+                _ => String::new(),
+            },
+        }
+    }
+
+    /// The phase the node's items give it in the graph: Running while any is at work (also while a
+    /// failed node's items stop), then Succeeded or Dead.
+    pub fn phase(&self) -> TaskPhase {
+        match self.outcome {
+            _ if self.counts.at_work > 0 => TaskPhase::Running,
+            NodeOutcome::Running => TaskPhase::Running,
+            NodeOutcome::Succeeded => TaskPhase::Succeeded,
+            NodeOutcome::Failed(_) => TaskPhase::Dead,
+        }
     }
 }
 

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use jiff::Timestamp;
 
 use super::{Evaluation, Graph};
-use crate::api::{AxDag, AxDagStatus, AxTask, DagNodePhase, DagNodeStatus, DagPhase, TaskPhase};
+use crate::api::{
+    AxDag, AxDagStatus, AxTask, DagItemsStatus, DagNodePhase, DagNodeStatus, DagPhase, TaskPhase,
+};
 use crate::core::conditions::{FAILED, INVALID_SPEC, READY, condition, reason};
 
 /// A child the task controller has not seen yet, or whose re-run request it has not acted on yet,
@@ -65,11 +67,14 @@ pub fn remember_finished_children(before: &AxDagStatus, phases: &mut HashMap<Str
     }
 }
 
+/// The status of a DAG evaluated as `evaluation`; `items` holds the items of its `forEach` tasks
+/// that started.
 pub fn graph_status(
     graph: &Graph,
     dag: &AxDag,
     before: &AxDagStatus,
     evaluation: &Evaluation,
+    items: &HashMap<String, DagItemsStatus>,
     now: Timestamp,
 ) -> AxDagStatus {
     let nodes: BTreeMap<String, DagNodeStatus> = evaluation
@@ -77,15 +82,19 @@ pub fn graph_status(
         .iter()
         .map(|node| {
             let has_child = !matches!(node.phase, DagNodePhase::NotStarted | DagNodePhase::Skipped);
+            let items = items.get(&node.name).cloned();
             let status = DagNodeStatus {
                 phase: node.phase,
-                task: has_child.then(|| graph.child_name(&node.name)),
+                task: (has_child && items.is_none()).then(|| graph.child_name(&node.name)),
+                items,
             };
             (node.name.clone(), status)
         })
         .collect();
     let phase = evaluation.phase;
-    let any_child = nodes.values().any(|node| node.task.is_some());
+    let any_child = nodes
+        .values()
+        .any(|node| node.task.is_some() || node.items.is_some());
     let generation = dag.metadata.generation;
     let (ready_reason, ready_message) = ready_reason(phase, evaluation);
     let conditions = vec![
@@ -246,6 +255,7 @@ mod tests {
         DagNodeStatus {
             phase,
             task: task.map(str::to_owned),
+            items: None,
         }
     }
 
@@ -294,7 +304,14 @@ mod tests {
                 .map(|(name, phase)| (name.to_string(), *phase))
                 .collect();
             let evaluation = evaluate(&graph, &children, FailurePolicy::FailFast, None, false);
-            graph_status(&graph, &dag, &AxDagStatus::default(), &evaluation, now)
+            graph_status(
+                &graph,
+                &dag,
+                &AxDagStatus::default(),
+                &evaluation,
+                &HashMap::new(),
+                now,
+            )
         };
         let false_ = |reason: &str| ("False".to_string(), reason.to_string());
         let running = status_with(&[("a", TaskPhase::Running)]);

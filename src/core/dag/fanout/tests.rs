@@ -124,6 +124,144 @@ fn a_node_of_a_million_items_steps_without_listing_them() {
 
 /// Runs a node to its end: each step's creations exist from then on; at each turn one item at work
 /// ends (the one `order` picks) as `ends` says; `restarts` drop nothing (the core keeps no memory).
+fn for_each(json: serde_json::Value) -> crate::api::ForEach {
+    serde_json::from_value(json).expect("a forEach")
+}
+
+#[test]
+fn a_spec_gives_its_node_or_a_clear_error() {
+    let range = of_spec(
+        "d",
+        "map",
+        &for_each(serde_json::json!({"range": {"count": 2000}})),
+    );
+    assert_eq!(
+        range,
+        Ok(FanOut {
+            items: 2000,
+            parallelism: DEFAULT_PARALLELISM,
+            success: SuccessPolicy::All,
+            max_failed_items: None,
+        })
+    );
+    let listed = for_each(serde_json::json!({
+        "items": ["a", {"b": 1}, 3], "parallelism": 2, "maxFailedItems": 1,
+        "successPolicy": {"minSucceededPercent": 50},
+    }));
+    let node = of_spec("d", "map", &listed).expect("valid");
+    assert_eq!(
+        (
+            node.items,
+            node.parallelism,
+            node.success,
+            node.max_failed_items
+        ),
+        (3, 2, SuccessPolicy::MinSucceededPercent(50), Some(1))
+    );
+    assert_eq!(node.required(), 2);
+    let error = |json| of_spec("d", "map", &for_each(json)).expect_err("invalid");
+    assert!(error(serde_json::json!({})).contains("exactly one of items and range"));
+    assert!(
+        error(serde_json::json!({"items": [1], "range": {"count": 1}}))
+            .contains("exactly one of items and range")
+    );
+    assert!(
+        error(serde_json::json!({"range": {"count": 1}, "successPolicy": {}}))
+            .contains("exactly one of minSucceeded and minSucceededPercent")
+    );
+    assert!(error(serde_json::json!({"range": {"count": 2000000}})).contains("more than 1000000"));
+    let long = "x".repeat(55);
+    let too_long = of_spec(
+        &long,
+        "map",
+        &for_each(serde_json::json!({"range": {"count": 100000}})),
+    );
+    assert!(
+        too_long.expect_err("too long").contains("`x"),
+        "names the last child"
+    );
+}
+
+#[test]
+fn a_cached_list_keeps_its_length() {
+    let mut cached = for_each(serde_json::json!({"items": [1, 2, 3]}));
+    cached.cached_item_count = cached.items.take().map(|i| i.len());
+    assert_eq!(of_spec("d", "t", &cached).map(|n| n.items), Ok(3));
+    cached.range = Some(crate::api::ItemRange { count: 3 });
+    assert!(
+        of_spec("d", "t", &cached).is_err(),
+        "both, even when cached"
+    );
+}
+
+#[test]
+fn an_item_child_gets_its_item_in_the_payload_and_env() {
+    let spec: crate::api::AxTaskSpec = serde_json::from_value(serde_json::json!({
+        "type": "t", "payload": {"order": 7},
+        "template": {"spec": {"containers": [
+            {"name": "w", "image": "i", "env": [{"name": "AX_ITEM_INDEX", "value": "mine"}]},
+        ]}},
+    }))
+    .expect("spec");
+    let child = item_spec(&spec, 4, serde_json::json!({"sku": "x"}));
+    assert_eq!(
+        child.payload,
+        Some(serde_json::json!({"order": 7, "item": {"sku": "x"}, "itemIndex": 4}))
+    );
+    let env: Vec<(String, String)> = child.template.containers()[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    assert!(env.contains(&("AX_ITEM".into(), r#"{"sku":"x"}"#.into())));
+    assert!(
+        env.contains(&("AX_ITEM_INDEX".into(), "mine".into())),
+        "the template's own wins"
+    );
+    assert_eq!(
+        spec.payload,
+        Some(serde_json::json!({"order": 7})),
+        "the task's spec is kept"
+    );
+    let bare = crate::api::AxTaskSpec::default();
+    assert_eq!(
+        item_spec(&bare, 0, 5.into()).payload,
+        Some(serde_json::json!({"item": 5, "itemIndex": 0}))
+    );
+}
+
+#[test]
+fn a_step_reports_counts_and_the_phase_the_graph_sees() {
+    let n = FanOut {
+        max_failed_items: Some(0),
+        ..node(4, 2)
+    };
+    let s = step(&n, &phases(&[(0, Dead), (1, Running)]));
+    assert_eq!(
+        s.phase(),
+        Running,
+        "a failed node is Running while its items stop"
+    );
+    let status = s.status(&n);
+    assert_eq!((status.total, status.at_work, status.failed), (4, 1, 1));
+    assert_eq!(status.failed_indexes, "0");
+    assert!(status.message.contains("maxFailedItems 0"));
+    assert_eq!(step(&n, &phases(&[(0, Dead), (1, Canceled)])).phase(), Dead);
+    let done = phases(&[
+        (0, Succeeded),
+        (1, Succeeded),
+        (2, Succeeded),
+        (3, Succeeded),
+    ]);
+    assert_eq!(step(&n, &done).phase(), Succeeded);
+    assert_eq!(
+        step(&node(0, 1), &BTreeMap::new()).phase(),
+        Succeeded,
+        "no items: done"
+    );
+}
+
 fn run(n: &FanOut, ends: &[bool], order: &[usize]) -> (NodeOutcome, u32) {
     let mut children: BTreeMap<u32, TaskPhase> = BTreeMap::new();
     let mut created = vec![0u32; n.items as usize];
