@@ -145,6 +145,7 @@ impl ForEach {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ItemRange {
+    /// How many items: indexes `0..count`.
     #[schemars(range(min = 0, max = 1000000))]
     pub count: i64,
 }
@@ -153,9 +154,11 @@ pub struct ItemRange {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ItemSuccessPolicy {
+    /// Items that must succeed (at most all of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub min_succeeded: Option<i64>,
+    /// Percentage of the items that must succeed, rounded up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
     pub min_succeeded_percent: Option<i64>,
@@ -263,9 +266,11 @@ pub struct DagNodeStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DagItemsStatus {
+    /// Items of the task.
     pub total: u32,
     /// Children created and not finished.
     pub at_work: u32,
+    /// Children Succeeded.
     pub succeeded: u32,
     /// Children Dead or Canceled.
     pub failed: u32,
