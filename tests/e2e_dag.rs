@@ -576,3 +576,114 @@ async fn a_dag_of_more_than_five_hundred_tasks_is_refused() {
         .await
         .expect("a DAG of 500 tasks refused");
 }
+
+/// `spec.onExit` runs once when the DAG ends, whatever its phase, with the phase in its env and
+/// payload; a failing exit handler is recorded and leaves the DAG's phase alone.
+#[tokio::test]
+async fn the_exit_handler_runs_once_for_a_succeeded_a_failed_and_a_canceled_dag() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-onexit").await;
+    let failing = {
+        let mut spec = sim_task_spec("sim-step", &SimWorker::running_for(100).exit_code(3));
+        spec["retry"] = serde_json::json!({"maxRetries": 0});
+        spec
+    };
+    let hanging = sim_task_spec("sim-step", &SimWorker::running_for(100).hang());
+    let dag = |name: &str, step: serde_json::Value, handler: serde_json::Value| -> AxDag {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+            "metadata": {"name": name},
+            "spec": {"tasks": [{"name": "step", "spec": step}], "onExit": handler},
+        }))
+        .expect("an AxDag")
+    };
+    let mut handler = sim_step(100);
+    handler["payload"] = serde_json::json!({"channel": "ops"});
+    create_dag(&client, &ns, &dag("ok", sim_step(100), handler.clone())).await;
+    create_dag(&client, &ns, &dag("bad", failing.clone(), handler.clone())).await;
+    create_dag(&client, &ns, &dag("stop", hanging, handler.clone())).await;
+    create_dag(&client, &ns, &dag("sad-handler", sim_step(100), failing)).await;
+    wait_for(&client, &ns, "stop-step", LONG, |t: &AxTask| {
+        phase(t) == Some(TaskPhase::Running)
+    })
+    .await;
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    dags.patch(
+        "stop",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
+    )
+    .await
+    .expect("cancel");
+
+    let handled = |want: DagNodePhase| {
+        move |d: &AxDag| {
+            d.status
+                .as_ref()
+                .and_then(|s| s.on_exit.as_ref())
+                .is_some_and(|n| n.phase == want)
+        }
+    };
+    for (name, want) in [
+        ("ok", DagPhase::Succeeded),
+        ("bad", DagPhase::Failed),
+        ("stop", DagPhase::Canceled),
+    ] {
+        let dag = wait_for(&client, &ns, name, LONG, handled(DagNodePhase::Succeeded)).await;
+        let status = dag.status.clone().expect("status");
+        assert_eq!(status.phase, Some(want), "{name}");
+        let on_exit = status.on_exit.clone().expect("onExit");
+        assert_eq!(
+            on_exit.task.as_deref(),
+            Some(format!("{name}-onexit").as_str())
+        );
+        let kids = children(&client, &ns, name).await;
+        let handler = &kids["onexit"];
+        let payload = handler.spec.payload.as_ref().expect("payload");
+        assert_eq!(payload["channel"], "ops", "the handler's own payload stays");
+        assert_eq!(payload["dag"]["phase"], want.as_str(), "{name}");
+        assert_eq!(payload["dag"]["name"], name);
+        let env = &handler.spec.template.containers()[0].env;
+        let phase_var = env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "AX_DAG_PHASE")
+            .and_then(|e| e.value.clone());
+        assert_eq!(phase_var.as_deref(), Some(want.as_str()));
+        let handler_status = handler.status.as_ref().expect("handler status");
+        assert_eq!(handler_status.attempt, 1, "{name}: the handler ran once");
+        let queued = handler_status.queued_at.expect("queued");
+        assert!(
+            queued >= status.finished_at.expect("finishedAt"),
+            "{name}: the handler was queued before the DAG finished"
+        );
+        assert_eq!(kids.len(), 2, "{name}: one step and one handler");
+    }
+    let sad = wait_for(
+        &client,
+        &ns,
+        "sad-handler",
+        LONG,
+        handled(DagNodePhase::Dead),
+    )
+    .await;
+    assert_eq!(
+        dag_phase(&sad),
+        Some(DagPhase::Succeeded),
+        "the DAG's phase stands"
+    );
+    wait_events_of(&client, &ns, "AxDag", "sad-handler", &["OnExitFailed"]).await;
+
+    // A task named like the handler's child is refused while there is a handler.
+    let mut clash = dag("clash", sim_step(100), sim_step(100));
+    clash.spec.tasks[0].name = "onexit".into();
+    create_dag(&client, &ns, &clash).await;
+    let clash = wait_dag_phase(&client, &ns, "clash", DagPhase::Failed, LONG).await;
+    assert!(
+        condition(&clash, "InvalidSpec")
+            .message
+            .contains("exit handler"),
+        "{:#?}",
+        clash.status
+    );
+}

@@ -206,3 +206,75 @@ async fn operator_killed_mid_fan_out_creates_no_item_twice() {
         assert_eq!(attempt, 1, "{} ran {attempt} times", child.name_any());
     }
 }
+
+/// The operator SIGKILLed the moment a DAG's terminal phase is written: its exit handler still
+/// runs, exactly once.
+#[tokio::test]
+async fn operator_killed_right_after_a_dags_end_runs_its_exit_handler_once() {
+    let client = client().await;
+    let ns = namespace(&client, "restart-onexit").await;
+    let handlers: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    let recorder = handlers.clone();
+    let mut stream = watcher(
+        tasks,
+        watcher::Config::default().labels("ax.dev/dag-task=onexit"),
+    )
+    .default_backoff()
+    .boxed();
+    let watch = tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::Apply(t) | watcher::Event::InitApply(t)) = event {
+                recorder.lock().unwrap().insert(t.uid().unwrap_or_default());
+            }
+        }
+    });
+
+    let mut operator = start_operator("onexit-a");
+    let step = common::sim::sim_task_spec("fan", &SimWorker::running_for(500));
+    let dag: AxDag = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+        "metadata": {"name": "ending"},
+        "spec": {"tasks": [{"name": "step", "spec": step}], "onExit": step},
+    }))
+    .expect("an AxDag");
+    let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
+    dags.create(&Default::default(), &dag)
+        .await
+        .expect("create");
+    let terminal = |d: &AxDag| {
+        d.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p.is_terminal())
+    };
+    wait_for(&client, &ns, "ending", LONG, terminal).await;
+    operator.sigkill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut operator = start_operator("onexit-b");
+    let done = wait_for(&client, &ns, "ending", LONG, |d: &AxDag| {
+        d.status
+            .as_ref()
+            .and_then(|s| s.on_exit.as_ref())
+            .is_some_and(|n| n.phase == ax::api::DagNodePhase::Succeeded)
+    })
+    .await;
+    // Another restart after the handler ended: nothing runs again.
+    operator.sigkill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let operator = start_operator("onexit-c");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(operator);
+    watch.abort();
+    assert_eq!(
+        done.status.and_then(|s| s.phase),
+        Some(ax::api::DagPhase::Succeeded)
+    );
+    let handlers = handlers.lock().unwrap().clone();
+    assert_eq!(handlers.len(), 1, "exit handler children: {handlers:?}");
+    let handler = Api::<AxTask>::namespaced(client.clone(), &ns)
+        .get("ending-onexit")
+        .await
+        .expect("the handler");
+    assert_eq!(handler.status.map(|s| s.attempt), Some(1));
+}

@@ -58,6 +58,13 @@ pub struct AxDagSpec {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = 0))]
     pub rerun: i64,
+
+    /// An exit handler: a task run once, as the child `<dag>-onexit`, when the DAG reaches a
+    /// terminal phase (Succeeded, Failed or Canceled), with env `AX_DAG_PHASE` and the DAG's
+    /// summary in its payload. Its own outcome is recorded in `status.onExit` and never changes the
+    /// DAG's phase. (No task of the DAG may then be named `onexit`.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit: Option<AxTaskSpec>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -319,6 +326,9 @@ pub struct AxDagStatus {
     /// The last `spec.rerun` acted on.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub observed_rerun: i64,
+    /// The exit handler (`spec.onExit`), once the DAG has finished: its child and phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit: Option<DagNodeStatus>,
 }
 
 /// An optional phase: the enum without the `null` schemars would add, which structural schemas reject.

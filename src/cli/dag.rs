@@ -89,6 +89,15 @@ pub fn render(dag: &AxDag) -> String {
         &["LEVEL", "TASK", "PHASE", "CHILD", "DEPENDS-ON"],
         &rows,
     ));
+    if let Some(handler) = &status.on_exit {
+        out.push_str(&format!(
+            "onExit: {} {}\n",
+            handler.task.as_deref().unwrap_or_default(),
+            node_phase_name(handler.phase)
+        ));
+    } else if dag.spec.on_exit.is_some() {
+        out.push_str("onExit: runs when the DAG ends\n");
+    }
     // The failed items of each forEach task: their indexes, and why the task failed.
     for (task, node) in &status.nodes {
         let Some(items) = node.items.as_ref().filter(|i| i.failed > 0) else {
@@ -241,6 +250,12 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("map: failed items 3,17-18\n"), "{text}");
+        let mut ended = dag.clone();
+        ended.status.as_mut().unwrap().on_exit = Some(
+            serde_json::from_value(serde_json::json!({"phase": "Dead", "task": "orders-onexit"}))
+                .unwrap(),
+        );
+        assert!(render(&ended).contains("onExit: orders-onexit Dead\n"));
         let fresh = AxDag {
             status: None,
             ..dag

@@ -89,6 +89,10 @@ pub fn dag(d: &mut AxDag) {
         .filter(|(k, _)| k == TRACEPARENT_ANNOTATION || k == TRACELINK_ANNOTATION)
         .collect();
     d.metadata.annotations = (!kept.is_empty()).then_some(kept);
+    if let Some(handler) = d.spec.on_exit.as_mut() {
+        handler.template = PodTemplate::absent();
+        handler.payload = None;
+    }
     for task in &mut d.spec.tasks {
         task.spec.template = PodTemplate::absent();
         task.spec.payload = None;

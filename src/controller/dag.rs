@@ -27,6 +27,7 @@ use crate::api::{
     ForEach, LABEL_DAG, LABEL_DAG_ITEM, LABEL_DAG_TASK, TaskPhase, TraceContext,
 };
 use crate::core::conditions;
+use crate::core::dag::exit::{self, ON_EXIT_TASK};
 use crate::core::dag::fanout::{self, FanOut};
 use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
@@ -140,7 +141,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
         .collect();
     let valid = core::validate(&dag.name_any(), &spec_nodes)
         .map_err(|e| e.to_string())
-        .and_then(|graph| Ok((graph, fan_outs(&dag)?)));
+        .and_then(|graph| Ok((graph, check_spec(&dag)?)));
     let (graph, fan_outs) = match valid {
         Ok(valid) => valid,
         Err(error) => {
@@ -251,10 +252,21 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
 
     // The cache keeps no task's spec: read the specs of the children to create. Only this
     // generation's may be used (a generation is one spec, so the decision above holds).
+    let mut status = graph_status(&graph, &dag, &before, &evaluation, &items_status, now);
+    let on_exit = dag.spec.on_exit.as_ref().map(|_| {
+        let phase = status.phase.unwrap_or_default();
+        let child = phases.get(ON_EXIT_TASK).copied();
+        exit::decide(&dag.name_any(), phase, before.on_exit.as_ref(), child)
+    });
+    let create_exit = on_exit.as_ref().is_some_and(|decided| decided.create);
+    if let Some(decided) = on_exit {
+        status.on_exit = decided.status;
+    }
     let wanted: BTreeSet<&str> = create
         .iter()
         .map(String::as_str)
         .chain(create_items.iter().map(|(task, _)| task.as_str()))
+        .chain(create_exit.then_some(ON_EXIT_TASK))
         .collect();
     let specs = if wanted.is_empty() {
         HashMap::new()
@@ -265,7 +277,6 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
             None => return Ok(Requeue::await_change()),
         }
     };
-    let mut status = graph_status(&graph, &dag, &before, &evaluation, &items_status, now);
     if status.trace.is_none() && !status.phase.is_some_and(DagPhase::is_terminal) {
         status.trace = trace_of(&dag, &uid, &ctx);
     }
@@ -276,11 +287,21 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     // children cache at once, while the cached DAG may not show the record yet; deciding on that
     // copy would run the child a second time. Written even when unchanged, for the same check.
     let must_write = !wanted.is_empty();
+    let exit_failed = |s: &AxDagStatus| {
+        s.on_exit
+            .as_ref()
+            .is_some_and(|n| n.phase == DagNodePhase::Dead)
+    };
+    let publish_exit_failed = exit_failed(&status) && !exit_failed(&original);
     let Some(requeue) =
         write_and_publish(&dag, &original, status.clone(), must_write, &ctx).await?
     else {
         return Ok(Requeue::await_change());
     };
+    if publish_exit_failed {
+        let note = "the exit handler (spec.onExit) is Dead; the DAG's phase stands";
+        publish(&dag, EventType::Warning, "OnExitFailed", note, &ctx);
+    }
     let traceparent = status
         .trace
         .as_ref()
@@ -305,6 +326,16 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
                 key: ChildKey::Item(task.clone(), *index),
                 name: fanout::item_child_name(&dag.name_any(), task, *index),
                 spec: fanout::item_spec(spec, *index, item),
+            })
+        }))
+        .chain(create_exit.then(|| {
+            let (spec, _) = specs
+                .get(ON_EXIT_TASK)
+                .ok_or(Error::Incomplete("onExit in spec"))?;
+            Ok(NewChild {
+                key: ChildKey::Task(ON_EXIT_TASK.to_owned()),
+                name: graph.child_name(ON_EXIT_TASK),
+                spec: exit::spec(spec, &dag.name_any(), &status),
             })
         }))
         .collect::<Result<Vec<_>>>()?;
@@ -334,11 +365,11 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     // (the status keeps counts only): they stay while the DAG does.
     let recorded = children.tasks.iter().filter(|(task, child)| {
         let phase = child_phase(child);
-        !phase.is_terminal()
-            || status
-                .nodes
-                .get(*task)
-                .is_some_and(|n| recorded_as(n, phase))
+        let node = match dag.spec.on_exit.is_some() && *task == ON_EXIT_TASK {
+            true => status.on_exit.as_ref(),
+            false => status.nodes.get(*task),
+        };
+        !phase.is_terminal() || node.is_some_and(|n| recorded_as(n, phase))
     });
     free_children(&dag, recorded.map(|(_, child)| child), &ctx).await?;
     Ok(if name_taken {
@@ -354,9 +385,15 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
 /// Children created at once by one reconcile.
 const CREATE_CONCURRENCY: usize = 16;
 
-/// The `forEach` tasks of `dag` by name, or why one cannot run.
-fn fan_outs(dag: &AxDag) -> std::result::Result<HashMap<String, FanOut>, String> {
+/// The `forEach` tasks of `dag` by name, or why one cannot run (or a task has the exit handler's
+/// name).
+fn check_spec(dag: &AxDag) -> std::result::Result<HashMap<String, FanOut>, String> {
     let dag_name = dag.name_any();
+    if dag.spec.on_exit.is_some() {
+        for task in &dag.spec.tasks {
+            exit::check_task_name(&task.name)?;
+        }
+    }
     dag.spec
         .tasks
         .iter()
@@ -436,16 +473,20 @@ async fn task_specs(
     tasks: &BTreeSet<&str>,
     ctx: &Ctx,
 ) -> Result<Option<HashMap<String, (AxTaskSpec, Option<ForEach>)>>> {
+    // The exit handler's spec goes under its task name (which no task of the DAG has).
+    let on_exit = |spec: Option<AxTaskSpec>| {
+        spec.filter(|_| tasks.contains(ON_EXIT_TASK))
+            .map(|spec| (ON_EXIT_TASK.to_owned(), (spec, None)))
+    };
     if !cache::dag_is_reduced(dag) {
         let specs = dag
             .spec
             .tasks
             .iter()
             .filter(|t| tasks.contains(t.name.as_str()));
+        let specs = specs.map(|t| (t.name.clone(), (t.spec.clone(), t.for_each.clone())));
         return Ok(Some(
-            specs
-                .map(|t| (t.name.clone(), (t.spec.clone(), t.for_each.clone())))
-                .collect(),
+            specs.chain(on_exit(dag.spec.on_exit.clone())).collect(),
         ));
     }
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
@@ -463,7 +504,10 @@ async fn task_specs(
     if raw.metadata.uid != dag.metadata.uid || raw.metadata.generation != dag.metadata.generation {
         return Ok(None);
     }
-    let mut specs = HashMap::new();
+    let handler = raw.spec.on_exit.map(|h| serde_json::from_str(h.get()));
+    let mut specs: HashMap<_, _> = on_exit(handler.transpose().map_err(read)?)
+        .into_iter()
+        .collect();
     for task in raw
         .spec
         .tasks
@@ -490,9 +534,12 @@ struct RawDag<'a> {
 }
 
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct RawDagSpec<'a> {
     #[serde(borrow, default)]
     tasks: Vec<RawDagTask<'a>>,
+    #[serde(borrow, default)]
+    on_exit: Option<&'a serde_json::value::RawValue>,
 }
 
 #[derive(serde::Deserialize)]

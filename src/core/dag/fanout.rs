@@ -16,8 +16,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use k8s_openapi::api::core::v1::EnvVar;
-
 use super::MAX_CHILD_NAME_LEN;
 use crate::api::{AxTaskSpec, DagItemsStatus, ForEach, TaskPhase};
 
@@ -257,24 +255,8 @@ pub fn item_spec(spec: &AxTaskSpec, index: u32, item: serde_json::Value) -> AxTa
     payload.insert("item".into(), item);
     payload.insert("itemIndex".into(), index.into());
     spec.payload = Some(serde_json::Value::Object(payload));
-    if let Some(pod) = spec.template.spec.as_mut() {
-        let vars = [("AX_ITEM", item_json), ("AX_ITEM_INDEX", index.to_string())];
-        for container in &mut pod.containers {
-            let env = container.env.get_or_insert_with(Vec::new);
-            for (name, value) in &vars {
-                if !env.iter().any(|e| e.name == *name) {
-                    env.insert(
-                        0,
-                        EnvVar {
-                            name: (*name).into(),
-                            value: Some(value.clone()),
-                            value_from: None,
-                        },
-                    );
-                }
-            }
-        }
-    }
+    let vars = [("AX_ITEM", item_json), ("AX_ITEM_INDEX", index.to_string())];
+    super::add_env(&mut spec, &vars);
     spec
 }
 

@@ -16,6 +16,7 @@
 //!   change again). It reaches total exactly when the DAG phase is terminal.
 //! - Tasks are created in waves: by wave (longest dependency chain above the task), then by name.
 
+pub mod exit;
 pub mod fanout;
 pub mod status;
 
@@ -101,6 +102,27 @@ pub enum DagError {
     /// `path` starts and ends with the same task; each task in it is a dependency of the next.
     #[error("dependency cycle: {}", path.join(" -> "))]
     Cycle { path: Vec<String> },
+}
+
+/// Puts `vars` first in the env of each container of `spec`'s template; a variable the template
+/// sets itself wins.
+pub(crate) fn add_env(spec: &mut crate::api::AxTaskSpec, vars: &[(&str, String)]) {
+    let Some(pod) = spec.template.spec.as_mut() else {
+        return;
+    };
+    for container in &mut pod.containers {
+        let env = container.env.get_or_insert_with(Vec::new);
+        for (name, value) in vars.iter().rev() {
+            if !env.iter().any(|e| e.name == *name) {
+                let var = k8s_openapi::api::core::v1::EnvVar {
+                    name: (*name).into(),
+                    value: Some(value.clone()),
+                    value_from: None,
+                };
+                env.insert(0, var);
+            }
+        }
+    }
 }
 
 /// The name of the child AxTask that runs `task` of DAG `dag_name`.

@@ -136,6 +136,7 @@ pub fn graph_status(
         conditions,
         observed_generation: generation,
         observed_rerun: before.observed_rerun,
+        on_exit: before.on_exit.clone(),
     }
 }
 
@@ -184,6 +185,7 @@ pub fn invalid_status(
         ],
         observed_generation: generation,
         observed_rerun: before.observed_rerun,
+        on_exit: before.on_exit.clone(),
     }
 }
 
