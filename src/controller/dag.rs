@@ -167,6 +167,8 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     }
     let waiting_for_cache =
         fill_in_expected(&ctx.dag_children, &uid, &mut phases, &mut item_phases);
+    // Items of a task that is no `forEach` (any more: the spec was edited) take no part.
+    item_phases.retain(|task, _| fan_outs.contains_key(task));
     remember_finished_children(&before, &mut phases);
 
     // A `forEach` task counts in the graph by what its items give it, once it has started.

@@ -12,6 +12,7 @@ mod bench;
 mod chaos;
 mod chaos_plan;
 mod chaos_record;
+mod fanout;
 mod memory;
 mod procs;
 mod report;
@@ -178,6 +179,24 @@ enum Mode {
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
     },
+    /// One AxDag whose task fans out over N items (`forEach.range`, on the simulated nodes),
+    /// after a burst of the same N as independent AxTasks: throughput of both, the AxDag's largest
+    /// size and the operator's RSS.
+    Fanout {
+        #[arg(long, default_value_t = 100_000)]
+        items: usize,
+        /// The fan-out's `forEach.parallelism`.
+        #[arg(long, default_value_t = 500)]
+        parallelism: u32,
+        /// Skip the burst of independent AxTasks.
+        #[arg(long)]
+        no_compare: bool,
+        /// Create calls in flight for the burst of independent AxTasks.
+        #[arg(long, default_value_t = 32)]
+        parallel: usize,
+        #[arg(long, default_value_t = 7200.0)]
+        timeout_seconds: f64,
+    },
     /// N pending AxTasks in a queue of concurrency 0: operator RSS, then a restart and the
     /// rebuild time.
     Memory {
@@ -248,8 +267,8 @@ fn parse_faults(value: &str) -> Result<FaultList, String> {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode> {
-    if matches!(cli.mode, Mode::Memory { .. } | Mode::Chaos { .. }) && cli.common.rounds > 1 {
-        anyhow::bail!("--rounds is for burst and rate; memory and chaos run once");
+    if !matches!(cli.mode, Mode::Burst { .. } | Mode::Rate { .. }) && cli.common.rounds > 1 {
+        anyhow::bail!("--rounds is for burst and rate; memory, chaos and fanout run once");
     }
     let client = Client::try_default()
         .await
@@ -315,6 +334,65 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             });
         }
         Mode::Burst { units, parallel } => Plan::Burst { units, parallel },
+        Mode::Fanout {
+            items,
+            parallelism,
+            no_compare,
+            parallel,
+            timeout_seconds,
+        } => {
+            let worker = SimWorker {
+                start_ms: c.start_ms,
+                work_ms: c.work_ms,
+            };
+            println!("{}", context.render());
+            let tasks = if no_compare {
+                None
+            } else {
+                let settings = Settings {
+                    worker,
+                    settle,
+                    finish_timeout: Duration::from_secs_f64(c.finish_timeout_seconds),
+                    tail: Duration::from_secs_f64(c.tail_seconds),
+                    ax_concurrency: c.ax_concurrency,
+                    keys: c.keys as usize,
+                    watched: watched.clone(),
+                    keep: c.keep,
+                };
+                let plan = Plan::Burst {
+                    units: items,
+                    parallel,
+                };
+                let report = bench::run_kind(&client, Kind::Ax, plan, &settings).await?;
+                println!(
+                    "independent AxTasks: {} units in {:.1} s = {:.1} units/s ({} lost)",
+                    report.units, report.busy_seconds, report.throughput_per_second, report.lost
+                );
+                bench::settle(&settle, &watched).await;
+                Some(report.throughput_per_second)
+            };
+            let settings = fanout::FanoutSettings {
+                items,
+                parallelism,
+                worker,
+                operator: operator.clone(),
+                timeout: Duration::from_secs_f64(timeout_seconds),
+                keep: c.keep,
+            };
+            let report = fanout::run(&client, &settings).await?;
+            let text = fanout::render(&report, tasks);
+            if c.json {
+                let all = json!({"context": context, "fanout": report, "tasks_per_second": tasks});
+                println!("{}", serde_json::to_string_pretty(&all)?);
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+            }
+            if !c.keep {
+                fanout::clean_up(&client, &report.namespace, &report.queue).await;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         Mode::Rate {
             per_second,
             seconds,

@@ -103,11 +103,16 @@ pub fn graph(dag: &AxDag) -> Markup {
             @for (name, place) in &places {
                 @let node = status.nodes.get(name);
                 @let phase = node.map_or_else(|| "NotStarted".to_string(), |n| node_phase_name(n.phase));
+                // A fan-out is one box: its phase with how many of its items ended.
+                @let shown = match node.and_then(|n| n.items.as_ref()) {
+                    Some(i) => format!("{phase} {}/{}", i.succeeded + i.failed, i.total),
+                    None => phase.clone(),
+                };
                 @let (x, y) = centre(*place);
                 @let body = html! {
                     rect x=(x - NODE_W / 2.0) y=(y - NODE_H / 2.0) width=(NODE_W) height=(NODE_H) rx="8" {}
                     text.name x=(x) y=(y - 3.0) { (name) }
-                    text.phase x=(x) y=(y + 13.0) { (phase) }
+                    text.phase x=(x) y=(y + 13.0) { (shown) }
                 };
                 g class=(format!("node phase-{phase}")) data-node=(name) data-phase=(phase) {
                     @match node.and_then(|n| n.task.as_ref()) {
@@ -118,6 +123,21 @@ pub fn graph(dag: &AxDag) -> Markup {
             }
         }
     }
+}
+
+/// A fan-out's children and counts, and its failed items.
+fn items_text(dag: &str, task: &str, items: &crate::api::DagItemsStatus) -> String {
+    let mut text = format!(
+        "{dag}-{task}-<index>: {} items, {} succeeded, {} failed, {} at work",
+        items.total, items.succeeded, items.failed, items.at_work
+    );
+    if !items.failed_indexes.is_empty() {
+        text.push_str(&format!("; failed items {}", items.failed_indexes));
+    }
+    if !items.message.is_empty() {
+        text.push_str(&format!(" ({})", items.message));
+    }
+    text
 }
 
 pub fn page(dag: &AxDag, now: Timestamp) -> Markup {
@@ -144,9 +164,19 @@ pub fn page(dag: &AxDag, now: Timestamp) -> Markup {
                 @let node = s.nodes.get(&t.name);
                 tr { td { (t.name) }
                      td { (node.map_or_else(|| "NotStarted".to_string(), |n| node_phase_name(n.phase))) }
-                     td { @if let Some(child) = node.and_then(|n| n.task.as_ref()) { a href=(task_href(&ns, child)) { (child) } } }
+                     td {
+                        @if let Some(child) = node.and_then(|n| n.task.as_ref()) { a href=(task_href(&ns, child)) { (child) } }
+                        @if let Some(items) = node.and_then(|n| n.items.as_ref()) {
+                            span.items { (items_text(&dag.name_any(), &t.name, items)) }
+                        }
+                     }
                      td { (t.depends_on.join(", ")) } }
             } }
+        }
+        @if let Some(handler) = &s.on_exit {
+            p.on-exit { "Exit handler: "
+                @if let Some(child) = &handler.task { a href=(task_href(&ns, child)) { (child) } }
+                " " (node_phase_name(handler.phase)) }
         }
     }
 }
@@ -190,5 +220,33 @@ mod tests {
         );
         assert!(svg.contains(r#"data-node="c" data-phase="NotStarted"><rect"#));
         assert_eq!(svg.matches("class=\"dep\"").count(), 4);
+    }
+
+    #[test]
+    fn a_fan_out_is_one_box_with_its_counts_and_its_failed_items_in_the_table() {
+        let mut dag = diamond();
+        let status = dag.status.as_mut().unwrap();
+        status.nodes.insert(
+            "c".into(),
+            serde_json::from_value(serde_json::json!({"phase": "Running", "items": {
+                "total": 2000, "atWork": 200, "succeeded": 1500, "failed": 3,
+                "failedIndexes": "3,17-18"}}))
+            .unwrap(),
+        );
+        status.on_exit = Some(
+            serde_json::from_value(serde_json::json!({"phase": "Pending", "task": "d-onexit"}))
+                .unwrap(),
+        );
+        let svg = graph(&dag).into_string();
+        assert!(svg.contains(">Running 1503/2000<"), "{svg}");
+        let page = page(&dag, Timestamp::now()).into_string();
+        assert!(
+            page.contains("d-c-&lt;index&gt;: 2000 items, 1500 succeeded, 3 failed, 200 at work; failed items 3,17-18"),
+            "{page}"
+        );
+        assert!(
+            page.contains(r#"Exit handler: <a href="/tasks/n/d-onexit">d-onexit</a> Pending"#),
+            "{page}"
+        );
     }
 }
