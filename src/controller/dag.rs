@@ -252,8 +252,6 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
         .filter(|task| !fan_outs.contains_key(task))
         .collect();
 
-    // The cache keeps no task's spec: read the specs of the children to create. Only this
-    // generation's may be used (a generation is one spec, so the decision above holds).
     let mut status = graph_status(&graph, &dag, &before, &evaluation, &items_status, now);
     let on_exit = dag.spec.on_exit.as_ref().map(|_| {
         let phase = status.phase.unwrap_or_default();
@@ -264,6 +262,8 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     if let Some(decided) = on_exit {
         status.on_exit = decided.status;
     }
+    // The cache keeps no task's spec: read the specs of the children to create. Only this
+    // generation's may be used (a generation is one spec, so the decision above holds).
     let wanted: BTreeSet<&str> = create
         .iter()
         .map(String::as_str)
@@ -353,15 +353,22 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
         .buffer_unordered(CREATE_CONCURRENCY)
         .collect()
         .await;
+    // Every child created is expected before any error is returned: a lagging cache must not
+    // count it missing (and exceed a parallelism).
     let mut name_taken = false;
+    let mut first_error = None;
     for result in created {
-        match result? {
-            (key, Created::Yes) => {
+        match result {
+            Ok((key, Created::Yes)) => {
                 ctx.dag_children
                     .created(&uid, &key.expected(), (), Instant::now())
             }
-            (_, Created::NameTaken) => name_taken = true,
+            Ok((_, Created::NameTaken)) => name_taken = true,
+            Err(e) => first_error = first_error.or(Some(e)),
         }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
     }
     // Recorded: children being deleted may go now. A `forEach` task's items are their own record
     // (the status keeps counts only): they stay while the DAG does.
