@@ -121,8 +121,9 @@ phase_done "install CRDs, RBAC, operator" ok
 OWN_OPERATOR=(e2e_restart e2e_traces e2e_writes e2e_readiness e2e_fencing_disruption e2e_cron_restart e2e_cli_restart e2e_memory e2e_helm)
 # Tests that need the shared operator but measure rates or capacity, or time a worker's stop on the
 # real kubelet (e2e_fencing: beside 60 other tests its sandbox teardown took 40 s and a worker's
-# exit code was lost), run on their own beside it.
-ALONE=(e2e_capacity e2e_fencing)
+# exit code was lost), or load the cluster for minutes (e2e_fanout: 2,000 children, 200 at a time;
+# beside 100 other tests a test waited 19 s to see a task Running), run on their own beside it.
+ALONE=(e2e_capacity e2e_fencing e2e_fanout)
 shared=()
 for t in tests/e2e_*.rs; do
   name=$(basename "$t" .rs)

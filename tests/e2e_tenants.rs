@@ -450,18 +450,20 @@ async fn a_critical_task_preempts_the_latest_low_attempt_which_runs_again_later(
         }),
     )
     .await;
-    // Two long Low tasks fill the queue; `low-b` is dispatched second.
+    // Two long Low tasks fill the queue; `low-b` is dispatched second. Long enough that neither
+    // ends before `urgent` arrives however slowly a busy cluster lets the test see them run:
+    // low-a never needs to end, and low-b's second attempt must end within LONG.
     create(
         &client,
         &ns,
-        &sim_task_at("low-a", &queue.name, Priority::Low, 20_000),
+        &sim_task_at("low-a", &queue.name, Priority::Low, 600_000),
     )
     .await;
     wait_phase(&client, &ns, "low-a", TaskPhase::Running, LONG).await;
     create(
         &client,
         &ns,
-        &sim_task_at("low-b", &queue.name, Priority::Low, 20_000),
+        &sim_task_at("low-b", &queue.name, Priority::Low, 45_000),
     )
     .await;
     wait_phase(&client, &ns, "low-b", TaskPhase::Running, LONG).await;
