@@ -171,18 +171,18 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     item_phases.retain(|task, _| fan_outs.contains_key(task));
     remember_finished_children(&before, &mut phases);
 
-    // A `forEach` task counts in the graph by what its items give it, once it has started.
-    let node_phase_of = |task: &str, items: &BTreeMap<u32, TaskPhase>| {
-        let step = fanout::step(&fan_outs[task], items);
-        match step.phase() {
-            TaskPhase::Dead if dag.spec.cancel => TaskPhase::Canceled,
-            phase => phase,
-        }
+    // A `forEach` task counts in the graph by what its items give it, once it has started: one
+    // step of its items per reconcile decides its phase, what to create and what to cancel.
+    let mut steps: HashMap<String, fanout::Step> = item_phases
+        .iter()
+        .map(|(task, items)| (task.clone(), fanout::step(&fan_outs[task], items)))
+        .collect();
+    let node_phase = |step: &fanout::Step| match step.phase() {
+        TaskPhase::Dead if dag.spec.cancel => TaskPhase::Canceled,
+        phase => phase,
     };
-    for (task, items) in &item_phases {
-        if fan_outs.contains_key(task) {
-            phases.insert(task.clone(), node_phase_of(task, items));
-        }
+    for (task, step) in &steps {
+        phases.insert(task.clone(), node_phase(step));
     }
 
     let policy = dag.spec.failure_policy;
@@ -194,17 +194,19 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     let create = std::mem::take(&mut evaluation.create);
     if !create.is_empty() {
         for task in &create {
-            let phase = match fan_outs.contains_key(task) {
-                true => node_phase_of(task, &BTreeMap::new()),
-                false => TaskPhase::Pending,
+            let phase = match fan_outs.get(task) {
+                Some(fan_out) => {
+                    let step = fanout::step(fan_out, &BTreeMap::new());
+                    let phase = node_phase(&step);
+                    steps.insert(task.clone(), step);
+                    phase
+                }
+                None => TaskPhase::Pending,
             };
             phases.insert(task.clone(), phase);
         }
         // The status reports the children about to be created.
         evaluation = core::evaluate(&graph, &phases, policy, parallelism, dag.spec.cancel);
-    }
-    for task in create.iter().filter(|task| fan_outs.contains_key(*task)) {
-        item_phases.entry(task.clone()).or_default();
     }
 
     // Items to create now: none once the DAG creates nothing more (canceled, or a task failed
@@ -217,10 +219,10 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
                 .any(|n| matches!(n.phase, DagNodePhase::Dead | DagNodePhase::Canceled)));
     let mut create_items: Vec<(String, u32)> = Vec::new();
     let mut cancel_items: Vec<&Arc<AxTask>> = Vec::new();
-    for (task, items) in &item_phases {
-        let step = fanout::step(&fan_outs[task], items);
+    for (task, step) in &mut steps {
         if !stopped {
-            create_items.extend(step.create.iter().map(|&i| (task.clone(), i)));
+            // The status then counts them at work.
+            create_items.extend(step.take_create().into_iter().map(|i| (task.clone(), i)));
         }
         let node_items = children.items.get(task);
         let at_work = |i: &u32| node_items.and_then(|items| items.get(i));
@@ -235,17 +237,9 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
         .iter()
         .filter_map(|t| children.tasks.get(t));
     cancel_children(&dag, plain.chain(cancel_items), &ctx).await?;
-    for (task, index) in &create_items {
-        if let Some(items) = item_phases.get_mut(task) {
-            items.insert(*index, TaskPhase::Pending);
-        }
-    }
-    let items_status: HashMap<String, DagItemsStatus> = item_phases
+    let items_status: HashMap<String, DagItemsStatus> = steps
         .iter()
-        .map(|(task, items)| {
-            let fan_out = &fan_outs[task];
-            (task.clone(), fanout::step(fan_out, items).status(fan_out))
-        })
+        .map(|(task, step)| (task.clone(), step.status(&fan_outs[task])))
         .collect();
     let create: Vec<String> = create
         .into_iter()

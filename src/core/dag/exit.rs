@@ -79,7 +79,6 @@ pub fn check_task_name(task: &str) -> Result<(), String> {
 /// The exit handler's child spec: `spec` whose payload gets `dag` (the DAG's name, phase, progress
 /// and each task's phase) and whose containers get env `AX_DAG` and `AX_DAG_PHASE`.
 pub fn spec(spec: &AxTaskSpec, dag_name: &str, status: &AxDagStatus) -> AxTaskSpec {
-    let mut spec = spec.clone();
     let phase = status.phase.unwrap_or_default();
     let nodes: serde_json::Map<String, serde_json::Value> = status
         .nodes
@@ -95,19 +94,11 @@ pub fn spec(spec: &AxTaskSpec, dag_name: &str, status: &AxDagStatus) -> AxTaskSp
         "progress": status.progress,
         "nodes": nodes,
     });
-    let mut payload = match spec.payload.take() {
-        Some(serde_json::Value::Object(map)) => map,
-        Some(other) => serde_json::Map::from_iter([("payload".to_owned(), other)]),
-        None => serde_json::Map::new(),
-    };
-    payload.insert("dag".into(), summary);
-    spec.payload = Some(serde_json::Value::Object(payload));
     let vars = [
         ("AX_DAG", dag_name.to_owned()),
         ("AX_DAG_PHASE", phase.as_str().to_owned()),
     ];
-    super::add_env(&mut spec, &vars);
-    spec
+    super::child_spec(spec, vec![("dag", summary)], &vars)
 }
 
 #[cfg(test)]

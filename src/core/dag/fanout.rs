@@ -245,22 +245,25 @@ pub fn item_child_name(dag_name: &str, task: &str, index: u32) -> String {
 /// (a payload that is no object is kept under `payload`), and whose containers get env `AX_ITEM`
 /// (the item as JSON) and `AX_ITEM_INDEX`. A variable the template sets itself wins.
 pub fn item_spec(spec: &AxTaskSpec, index: u32, item: serde_json::Value) -> AxTaskSpec {
-    let mut spec = spec.clone();
-    let item_json = item.to_string();
-    let mut payload = match spec.payload.take() {
-        Some(serde_json::Value::Object(map)) => map,
-        Some(other) => serde_json::Map::from_iter([("payload".to_owned(), other)]),
-        None => serde_json::Map::new(),
-    };
-    payload.insert("item".into(), item);
-    payload.insert("itemIndex".into(), index.into());
-    spec.payload = Some(serde_json::Value::Object(payload));
-    let vars = [("AX_ITEM", item_json), ("AX_ITEM_INDEX", index.to_string())];
-    super::add_env(&mut spec, &vars);
-    spec
+    let vars = [
+        ("AX_ITEM", item.to_string()),
+        ("AX_ITEM_INDEX", index.to_string()),
+    ];
+    let fields = vec![("item", item), ("itemIndex", index.into())];
+    super::child_spec(spec, fields, &vars)
 }
 
 impl Step {
+    /// The items to create, now counted at work: the step is then what [`step`] gives once they
+    /// exist (as Pending), without walking the items again.
+    pub fn take_create(&mut self) -> Vec<u32> {
+        let create = std::mem::take(&mut self.create);
+        let created = u32::try_from(create.len()).unwrap_or(u32::MAX);
+        self.counts.at_work += created;
+        self.counts.not_created -= created;
+        create
+    }
+
     /// The node's items as the DAG's status reports them.
     pub fn status(&self, node: &FanOut) -> DagItemsStatus {
         DagItemsStatus {

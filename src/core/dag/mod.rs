@@ -104,11 +104,26 @@ pub enum DagError {
     Cycle { path: Vec<String> },
 }
 
-/// Puts `vars` first in the env of each container of `spec`'s template; a variable the template
-/// sets itself wins.
-pub(crate) fn add_env(spec: &mut crate::api::AxTaskSpec, vars: &[(&str, String)]) {
+/// A child's spec: `spec` with `fields` set in its payload (a payload that is no object is kept
+/// under `payload`) and `vars` first in the env of each container of its template (a variable the
+/// template sets itself wins).
+pub(crate) fn child_spec(
+    spec: &crate::api::AxTaskSpec,
+    fields: Vec<(&str, serde_json::Value)>,
+    vars: &[(&str, String)],
+) -> crate::api::AxTaskSpec {
+    let mut spec = spec.clone();
+    let mut payload = match spec.payload.take() {
+        Some(serde_json::Value::Object(map)) => map,
+        Some(other) => serde_json::Map::from_iter([("payload".to_owned(), other)]),
+        None => serde_json::Map::new(),
+    };
+    for (key, value) in fields {
+        payload.insert(key.to_owned(), value);
+    }
+    spec.payload = Some(serde_json::Value::Object(payload));
     let Some(pod) = spec.template.spec.as_mut() else {
-        return;
+        return spec;
     };
     for container in &mut pod.containers {
         let env = container.env.get_or_insert_with(Vec::new);
@@ -123,6 +138,7 @@ pub(crate) fn add_env(spec: &mut crate::api::AxTaskSpec, vars: &[(&str, String)]
             }
         }
     }
+    spec
 }
 
 /// The name of the child AxTask that runs `task` of DAG `dag_name`.

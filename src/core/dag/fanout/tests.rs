@@ -262,6 +262,22 @@ fn a_step_reports_counts_and_the_phase_the_graph_sees() {
     );
 }
 
+#[test]
+fn taking_the_items_to_create_gives_the_step_of_them_created() {
+    let n = FanOut {
+        max_failed_items: Some(3),
+        ..node(10, 4)
+    };
+    let mut children = phases(&[(0, Succeeded), (1, Dead), (2, Running)]);
+    let mut s = step(&n, &children);
+    let create = s.take_create();
+    assert_eq!(create, [3, 4, 5]);
+    for i in create {
+        children.insert(i, Pending);
+    }
+    assert_eq!(s, step(&n, &children));
+}
+
 fn run(n: &FanOut, ends: &[bool], order: &[usize]) -> (NodeOutcome, u32) {
     let mut children: BTreeMap<u32, TaskPhase> = BTreeMap::new();
     let mut created = vec![0u32; n.items as usize];
