@@ -12,7 +12,7 @@ use ax::api::{AxDag, AxTask, DagItemsStatus, DagNodePhase, DagPhase, TaskPhase};
 use common::sim::{SimWorker, sim_task_spec};
 use common::*;
 use futures::StreamExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
@@ -36,14 +36,7 @@ fn items<'a>(dag: &'a AxDag, task: &str) -> &'a DagItemsStatus {
 
 /// The DAG's children, by name.
 async fn children(client: &Client, ns: &str, dag: &str) -> BTreeMap<String, AxTask> {
-    let api: Api<AxTask> = Api::namespaced(client.clone(), ns);
-    api.list(&ListParams::default().labels(&format!("ax.dev/dag={dag}")))
-        .await
-        .expect("list children")
-        .items
-        .into_iter()
-        .map(|child| (child.name_any(), child))
-        .collect()
+    by_label(client, ns, &format!("ax.dev/dag={dag}")).await
 }
 
 /// The indexes of a compact list of ranges, `0-2,5`.

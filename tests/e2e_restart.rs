@@ -115,19 +115,19 @@ async fn operator_killed_mid_flight_loses_nothing_and_duplicates_nothing() {
     );
 }
 
-/// A DAG fanning out over 600 items, its operator SIGKILLed twice while items are at work: the
-/// DAG still Succeeds, and every item's child was created once and ran once.
-#[tokio::test]
-async fn operator_killed_mid_fan_out_creates_no_item_twice() {
-    const ITEMS: usize = 600;
-    let client = client().await;
-    let ns = namespace(&client, "restart-fanout").await;
+type UidsByName = BTreeMap<String, BTreeSet<String>>;
 
-    // Every uid each child name ever had, as the watch saw them.
-    let uids: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
-    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+/// Every uid each AxTask name that `selector` selects ever had, as a watch (running until the
+/// handle is aborted) saw them.
+fn record_task_uids(
+    client: &kube::Client,
+    ns: &str,
+    selector: &str,
+) -> (Arc<Mutex<UidsByName>>, tokio::task::JoinHandle<()>) {
+    let uids: Arc<Mutex<UidsByName>> = Arc::default();
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), ns);
     let recorder = uids.clone();
-    let mut stream = watcher(tasks, watcher::Config::default().labels("ax.dev/item"))
+    let mut stream = watcher(tasks, watcher::Config::default().labels(selector))
         .default_backoff()
         .boxed();
     let watch = tokio::spawn(async move {
@@ -139,6 +139,18 @@ async fn operator_killed_mid_fan_out_creates_no_item_twice() {
             }
         }
     });
+    (uids, watch)
+}
+
+/// A DAG fanning out over 600 items, its operator SIGKILLed twice while items are at work: the
+/// DAG still Succeeds, and every item's child was created once and ran once.
+#[tokio::test]
+async fn operator_killed_mid_fan_out_creates_no_item_twice() {
+    const ITEMS: usize = 600;
+    let client = client().await;
+    let ns = namespace(&client, "restart-fanout").await;
+
+    let (uids, watch) = record_task_uids(&client, &ns, "ax.dev/item");
 
     let mut operator = start_operator("fanout-a");
     let worker = SimWorker::running_for(1500).start_ms(200);
@@ -213,22 +225,7 @@ async fn operator_killed_mid_fan_out_creates_no_item_twice() {
 async fn operator_killed_right_after_a_dags_end_runs_its_exit_handler_once() {
     let client = client().await;
     let ns = namespace(&client, "restart-onexit").await;
-    let handlers: Arc<Mutex<BTreeSet<String>>> = Arc::default();
-    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
-    let recorder = handlers.clone();
-    let mut stream = watcher(
-        tasks,
-        watcher::Config::default().labels("ax.dev/dag-task=onexit"),
-    )
-    .default_backoff()
-    .boxed();
-    let watch = tokio::spawn(async move {
-        while let Some(event) = stream.next().await {
-            if let Ok(watcher::Event::Apply(t) | watcher::Event::InitApply(t)) = event {
-                recorder.lock().unwrap().insert(t.uid().unwrap_or_default());
-            }
-        }
-    });
+    let (handlers, watch) = record_task_uids(&client, &ns, "ax.dev/dag-task=onexit");
 
     let mut operator = start_operator("onexit-a");
     let step = common::sim::sim_task_spec("fan", &SimWorker::running_for(500));
@@ -271,7 +268,8 @@ async fn operator_killed_right_after_a_dags_end_runs_its_exit_handler_once() {
         Some(ax::api::DagPhase::Succeeded)
     );
     let handlers = handlers.lock().unwrap().clone();
-    assert_eq!(handlers.len(), 1, "exit handler children: {handlers:?}");
+    let uids: Vec<&String> = handlers.values().flatten().collect();
+    assert_eq!(uids.len(), 1, "exit handler children: {handlers:?}");
     let handler = Api::<AxTask>::namespaced(client.clone(), &ns)
         .get("ending-onexit")
         .await

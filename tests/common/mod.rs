@@ -398,6 +398,24 @@ pub fn names(t: &AxTask) -> String {
 
 pub const LONG: Duration = Duration::from_secs(120);
 
+/// The objects of kind `K` in `ns` that `selector` selects, by name.
+pub async fn by_label<K>(client: &Client, ns: &str, selector: &str) -> BTreeMap<String, K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default().labels(selector))
+        .await
+        .expect("list by label")
+        .items
+        .into_iter()
+        .map(|object| (object.name_any(), object))
+        .collect()
+}
+
 pub async fn tasks_in(client: &Client, namespace: &str) -> Vec<AxTask> {
     let api: Api<AxTask> = Api::namespaced(client.clone(), namespace);
     api.list(&ListParams::default())

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ax::api::{AxCron, AxDag, AxTask, Condition, TaskPhase};
 use futures::StreamExt;
 use jiff::Timestamp;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
@@ -97,14 +97,7 @@ where
         + std::fmt::Debug
         + serde::de::DeserializeOwned,
 {
-    let api: Api<K> = Api::namespaced(client.clone(), ns);
-    api.list(&ListParams::default().labels(&format!("ax.dev/cron={cron}")))
-        .await
-        .expect("list children")
-        .items
-        .into_iter()
-        .map(|child| (child.name_any(), child))
-        .collect()
+    crate::common::by_label(client, ns, &format!("ax.dev/cron={cron}")).await
 }
 
 /// Polls the cron's AxTask children until `done` holds for them, or panics after `timeout`.
