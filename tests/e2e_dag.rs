@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ax::api::{AxDag, AxTask, DagNodePhase, DagPhase, TaskPhase};
-use common::sim::{SimWorker, sim_task_spec};
+use common::sim::{SimWorker, sim_task_spec, sim_task_with};
 use common::*;
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -686,4 +686,89 @@ async fn the_exit_handler_runs_once_for_a_succeeded_a_failed_and_a_canceled_dag(
         "{:#?}",
         clash.status
     );
+}
+
+/// Outputs on simulated nodes (the real kubelet's are in examples/dag-outputs.yaml): `a` writes
+/// JSON and `b` plain text to `$AX_OUTPUT_FILE`; `both` gets them as `inputs`. A task whose output
+/// is over the limit still Succeeds, with reason `OutputTooLarge` and no output. A `fromOutput`
+/// over an output that is no list fails its DAG saying so, and creates no item.
+#[tokio::test]
+async fn outputs_reach_the_dependents_and_an_output_over_the_limit_is_named() {
+    let client = client().await;
+    let ns = namespace(&client, "dag-outputs").await;
+    let writing = |message: &str| {
+        sim_task_spec(
+            "sim-step",
+            &SimWorker::running_for(100).message(message.to_owned()),
+        )
+    };
+    let dag: AxDag = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+        "metadata": {"name": "pass"},
+        "spec": {"tasks": [
+            {"name": "a", "spec": writing("{\"n\": 42, \"ids\": [7, 8]}\n")},
+            {"name": "b", "spec": writing("done\n")},
+            {"name": "quiet", "spec": sim_step(100)},
+            {"name": "both", "dependsOn": ["a", "b", "quiet"], "spec": sim_step(100)},
+        ]},
+    }))
+    .expect("an AxDag");
+    create_dag(&client, &ns, &dag).await;
+    let no_list: AxDag = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
+        "metadata": {"name": "no-list"},
+        "spec": {"tasks": [
+            {"name": "b", "spec": writing("done")},
+            {"name": "map", "dependsOn": ["b"], "spec": sim_step(100),
+                "forEach": {"fromOutput": {"task": "b"}}},
+        ]},
+    }))
+    .expect("an AxDag");
+    create_dag(&client, &ns, &no_list).await;
+    let big = "x".repeat(5000);
+    let large = sim_task_with(
+        "large",
+        "sim-step",
+        &SimWorker::running_for(100).message(big),
+        |_| {},
+    );
+    create(&client, &ns, &large).await;
+
+    wait_dag_phase(&client, &ns, "pass", DagPhase::Succeeded, LONG).await;
+    let kids = children(&client, &ns, "pass").await;
+    let output = |name: &str| kids[name].status.as_ref().and_then(|s| s.output.clone());
+    assert_eq!(
+        output("a"),
+        Some(serde_json::json!({"n": 42, "ids": [7, 8]}))
+    );
+    assert_eq!(output("b"), Some(serde_json::json!("done")));
+    assert_eq!(output("quiet"), None);
+    let payload = kids["both"].spec.payload.clone().expect("payload");
+    assert_eq!(
+        payload["inputs"],
+        serde_json::json!({"a": {"n": 42, "ids": [7, 8]}, "b": "done", "quiet": null})
+    );
+    assert_eq!(
+        kids["a"].spec.payload, None,
+        "a task without parents gets no inputs"
+    );
+
+    let failed = wait_dag_phase(&client, &ns, "no-list", DagPhase::Failed, LONG).await;
+    let map = &failed.status.as_ref().expect("status").nodes["map"];
+    assert_eq!(map.phase, DagNodePhase::Dead);
+    let message = &map.items.as_ref().expect("items").message;
+    assert!(
+        message.contains("the output of task `b` is a string, not a list"),
+        "{message}"
+    );
+    let items = children(&client, &ns, "no-list").await;
+    assert_eq!(items.len(), 1, "no item was created: {:?}", items.keys());
+
+    let large = wait_phase(&client, &ns, "large", TaskPhase::Succeeded, LONG).await;
+    let status = large.status.as_ref().expect("status");
+    assert_eq!(status.reason.as_deref(), Some("OutputTooLarge"));
+    assert_eq!(status.output, None);
+    let last = status.history.last().expect("history");
+    assert!(last.message.contains("over 4095 bytes"), "{}", last.message);
+    wait_events(&client, &ns, "large", &["OutputTooLarge"]).await;
 }

@@ -159,7 +159,8 @@ async fn a_range_of_two_thousand_items_runs_under_its_parallelism_and_the_dag_st
             "metadata": {"name": "orders"},
             "spec": {"tasks": [
                 {"name": "split", "spec": sim_step(100)},
-                {"name": "map", "dependsOn": ["split"], "spec": sim_step(200),
+                {"name": "map", "dependsOn": ["split"],
+                    "spec": sim_task_spec("sim-step", &SimWorker::running_for(200).message("{\"ok\": true}")),
                     "forEach": {"range": {"count": ITEMS}, "parallelism": PARALLELISM}},
                 {"name": "join", "dependsOn": ["map"], "spec": sim_step(100)},
             ]},
@@ -208,6 +209,16 @@ async fn a_range_of_two_thousand_items_runs_under_its_parallelism_and_the_dag_st
         .max()
         .expect("finished items");
     let join = &kids["orders-join"];
+    let inputs = &join.spec.payload.as_ref().expect("join's payload")["inputs"];
+    assert_eq!(
+        (&inputs["map"]["outputs"], &inputs["map"]["succeeded"]),
+        (&serde_json::json!(ITEMS), &serde_json::json!(ITEMS)),
+        "join gets the count of the items' outputs: {inputs}"
+    );
+    assert_eq!(
+        items_run[0].status.as_ref().and_then(|s| s.output.clone()),
+        Some(serde_json::json!({"ok": true}))
+    );
     let join_queued = join
         .status
         .as_ref()
@@ -255,18 +266,21 @@ async fn a_range_of_two_thousand_items_runs_under_its_parallelism_and_the_dag_st
     );
 }
 
-/// A literal list of 40 items, 3 of which fail for good, `after` depending on the fan-out:
-/// tolerated by `maxFailedItems: 5`, the DAG Succeeds and names the 3; with `maxFailedItems: 2`
-/// it Fails at the third failure, creates no further item, and `after` is Skipped.
+/// `split` outputs a list of 500 order numbers; `map` runs once per element (`fromOutput`), 3 of
+/// which fail for good, and `after` depends on it: tolerated by `maxFailedItems: 5`, the DAG
+/// Succeeds and names the 3; with `maxFailedItems: 2` it Fails at the third failure, creates no
+/// further item, and `after` is Skipped.
 #[tokio::test]
 async fn failed_items_are_tolerated_up_to_max_failed_items_and_then_fail_the_dag_at_once() {
     const FAILING: [u32; 3] = [3, 17, 18];
+    const ITEMS: u32 = 500;
     let client = client().await;
     let ns = namespace(&client, "fanout-fail").await;
-    let list: Vec<serde_json::Value> = (0..40)
-        .map(|i| serde_json::json!({"order": format!("o-{i}")}))
-        .collect();
+    let orders: Vec<u32> = (1000..1000 + ITEMS).collect();
+    let output = serde_json::json!({"orders": orders}).to_string();
+    assert!(output.len() < 4095, "an output fits a termination message");
     let dag = |name: &str, max_failed: u32, parallelism: u32| {
+        let split = SimWorker::running_for(100).message(output.clone());
         let worker = SimWorker::running_for(300)
             .exit_code(3)
             .failing_items(&FAILING);
@@ -276,13 +290,15 @@ async fn failed_items_are_tolerated_up_to_max_failed_items_and_then_fail_the_dag
             "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
             "metadata": {"name": name},
             "spec": {"tasks": [
-                {"name": "map", "spec": spec, "forEach": {
-                    "items": list, "parallelism": parallelism, "maxFailedItems": max_failed}},
+                {"name": "split", "spec": sim_task_spec("sim-split", &split)},
+                {"name": "map", "dependsOn": ["split"], "spec": spec, "forEach": {
+                    "fromOutput": {"task": "split", "path": "orders"},
+                    "parallelism": parallelism, "maxFailedItems": max_failed}},
                 {"name": "after", "dependsOn": ["map"], "spec": sim_step(100)},
             ]},
         })
     };
-    create_dag(&client, &ns, dag("tolerant", 5, 10)).await;
+    create_dag(&client, &ns, dag("tolerant", 5, 50)).await;
     // One at a time: the third failure comes with items 19..40 still to create.
     create_dag(&client, &ns, dag("strict", 2, 1)).await;
 
@@ -295,17 +311,33 @@ async fn failed_items_are_tolerated_up_to_max_failed_items_and_then_fail_the_dag
             counts.failed,
             counts.at_work
         ),
-        (40, 37, 3, 0)
+        (ITEMS, ITEMS - 3, 3, 0)
     );
     assert_eq!(counts.failed_indexes, "3,17-18");
     assert_eq!(node(&tolerant, "after").phase, DagNodePhase::Succeeded);
     let kids = children(&client, &ns, "tolerant").await;
+    let split = kids["tolerant-split"].status.as_ref().expect("status");
+    assert_eq!(
+        split.output.as_ref(),
+        Some(&serde_json::from_str(&output).unwrap())
+    );
     let child = &kids["tolerant-map-17"];
     assert_eq!(phase(child), Some(TaskPhase::Dead));
     assert_eq!(
         child.spec.payload.as_ref().expect("payload")["item"],
-        serde_json::json!({"order": "o-17"}),
-        "a listed item is its element"
+        serde_json::json!(1017),
+        "an item is its element of the parent's list"
+    );
+    let after = kids["tolerant-after"]
+        .spec
+        .payload
+        .as_ref()
+        .expect("payload");
+    assert_eq!(
+        after["inputs"]["map"],
+        serde_json::json!({"total": ITEMS, "succeeded": ITEMS - 3, "failed": 3,
+            "failedIndexes": "3,17-18", "outputs": 0}),
+        "a fan-out gives its dependents its counts"
     );
 
     let strict = wait_dag(&client, &ns, "strict", DagPhase::Failed).await;
@@ -332,7 +364,7 @@ async fn failed_items_are_tolerated_up_to_max_failed_items_and_then_fail_the_dag
         Some(18),
         "an item was created after the third failure"
     );
-    assert_eq!(kids.len(), 19);
+    assert_eq!(kids.len(), 20, "split and 19 items");
 }
 
 /// `kubectl ax retry` of a DAG whose fan-out failed re-runs only the failed items: the ones that

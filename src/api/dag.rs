@@ -103,6 +103,10 @@ pub struct ForEach {
     /// One child per index `0..count`, which it gets as its item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<ItemRange>,
+    /// One child per element of a list in the output of a task this one depends on, which it gets
+    /// as its item; known once that task has succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_output: Option<FromOutput>,
     /// Items at work (created and not finished) at most; children are created as earlier ones
     /// finish, lowest index first (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -147,6 +151,19 @@ impl ForEach {
             None => Some(serde_json::Value::from(index)),
         }
     }
+}
+
+/// Where a `forEach` finds its items in a parent's output.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FromOutput {
+    /// The task, one of `dependsOn`, whose `status.output` holds the list.
+    #[schemars(length(min = 1, max = 63))]
+    pub task: String,
+    /// Field names joined by `.` that lead to the list in that output (`orders`,
+    /// `result.ids`); the output itself is the list when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

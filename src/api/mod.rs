@@ -48,6 +48,13 @@ pub(crate) fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> sche
     })
 }
 
+/// Schema for any JSON value (an object, a list, a string, a number, a boolean).
+pub(crate) fn preserve_unknown_value(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
 /// Schema for a `jiff::Timestamp`: RFC 3339 with sub-second precision, which `metav1.Time` lacks and
 /// dispatch latency and backoff need.
 pub(crate) fn date_time(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -514,6 +514,12 @@ pub struct AxTaskStatus {
     /// The last `spec.rerun` acted on.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub observed_rerun: i64,
+    /// What the succeeded attempt's worker wrote to `$AX_OUTPUT_FILE` (its main container's
+    /// termination-message file): JSON, or the text as a string; at most 4095 bytes
+    /// (docs/outputs.md). A DAG passes it to the task's dependents as `inputs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::preserve_unknown_value")]
+    pub output: Option<serde_json::Value>,
 }
 
 impl AxTaskStatus {

@@ -34,6 +34,22 @@ fn field(out: &mut String, label: &str, value: impl AsRef<str>) {
     out.push_str(&format!("{:<15}{}\n", format!("{label}:"), value));
 }
 
+/// Longest output shown in full; `-o yaml` shows any output whole.
+const OUTPUT_SHOWN_CHARS: usize = 200;
+
+/// The output as compact JSON, cut after [`OUTPUT_SHOWN_CHARS`] characters.
+fn output_line(output: &serde_json::Value) -> String {
+    let text = output.to_string();
+    match text.char_indices().nth(OUTPUT_SHOWN_CHARS) {
+        Some((cut, _)) => format!(
+            "{}… ({} bytes; `kubectl get axt -o jsonpath={{.status.output}}` shows it all)",
+            &text[..cut],
+            text.len()
+        ),
+        None => text,
+    }
+}
+
 /// The trace id, what it continues, and whether it is exported.
 fn trace_line(trace: &crate::api::TraceContext) -> String {
     let parent = trace
@@ -135,6 +151,9 @@ pub fn render(task: &AxTask, pods: &[PodInfo], now: Timestamp) -> String {
     }
     if let Some(dead) = &status.dead_reason {
         field(&mut out, "Dead reason", dead);
+    }
+    if let Some(output) = &status.output {
+        field(&mut out, "Output", output_line(output));
     }
     if let Some(trace) = &status.trace {
         field(&mut out, "Trace", trace_line(trace));
@@ -903,6 +922,20 @@ mod tests {
         suspended.spec.suspend = true;
         let text = render_cron(&suspended, now);
         assert_eq!(value_of(&text, "Next"), "-", "a suspended cron fires never");
+    }
+
+    #[test]
+    fn an_output_is_shown_as_json_and_a_long_one_cut() {
+        assert_eq!(
+            output_line(&serde_json::json!({"orders": [1, 2]})),
+            r#"{"orders":[1,2]}"#
+        );
+        let long = output_line(&serde_json::json!("x".repeat(1000)));
+        assert!(
+            long.starts_with(&format!("\"{}…", "x".repeat(199))),
+            "{long}"
+        );
+        assert!(long.contains("(1002 bytes;"), "{long}");
     }
 
     #[test]

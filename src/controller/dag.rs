@@ -29,6 +29,7 @@ use crate::api::{
 use crate::core::conditions;
 use crate::core::dag::exit::{self, ON_EXIT_TASK};
 use crate::core::dag::fanout::{self, FanOut};
+use crate::core::dag::inputs::{self, ParentResult};
 use crate::core::dag::status::{
     child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
 };
@@ -141,8 +142,8 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
         .collect();
     let valid = core::validate(&dag.name_any(), &spec_nodes)
         .map_err(|e| e.to_string())
-        .and_then(|graph| Ok((graph, check_spec(&dag)?)));
-    let (graph, fan_outs) = match valid {
+        .and_then(|graph| Ok((graph, check_spec(&dag, &children)?)));
+    let (graph, FanOuts { fan_outs, unusable }) = match valid {
         Ok(valid) => valid,
         Err(error) => {
             if dag.spec.cancel {
@@ -173,9 +174,13 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
 
     // A `forEach` task counts in the graph by what its items give it, once it has started: one
     // step of its items per reconcile decides its phase, what to create and what to cancel.
+    let step_of = |task: &String, items: &BTreeMap<u32, TaskPhase>| match unusable.get(task) {
+        Some(why) => fanout::unusable(why.clone()),
+        None => fanout::step(&fan_outs[task], items),
+    };
     let mut steps: HashMap<String, fanout::Step> = item_phases
         .iter()
-        .map(|(task, items)| (task.clone(), fanout::step(&fan_outs[task], items)))
+        .map(|(task, items)| (task.clone(), step_of(task, items)))
         .collect();
     let node_phase = |step: &fanout::Step| match step.phase() {
         TaskPhase::Dead if dag.spec.cancel => TaskPhase::Canceled,
@@ -195,8 +200,8 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     if !create.is_empty() {
         for task in &create {
             let phase = match fan_outs.get(task) {
-                Some(fan_out) => {
-                    let step = fanout::step(fan_out, &BTreeMap::new());
+                Some(_) => {
+                    let step = step_of(task, &BTreeMap::new());
                     let phase = node_phase(&step);
                     steps.insert(task.clone(), step);
                     phase
@@ -306,17 +311,30 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
         .iter()
         .map(|task| -> Result<NewChild> {
             let (spec, _) = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
+            let parents: Vec<&str> = graph.dependencies(task).into_iter().flatten().collect();
+            let spec = match parents.is_empty() {
+                true => spec.clone(),
+                false => {
+                    let results = parents.into_iter().map(|parent| {
+                        (
+                            parent,
+                            parent_result(parent, &children, &items_status, &before),
+                        )
+                    });
+                    inputs::child_spec(spec, inputs::inputs(results))
+                }
+            };
             Ok(NewChild {
                 key: ChildKey::Task(task.clone()),
                 name: graph.child_name(task),
-                spec: spec.clone(),
+                spec,
             })
         })
         .chain(create_items.iter().map(|(task, index)| {
             let (spec, for_each) = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
             let item = for_each
                 .as_ref()
-                .and_then(|f| f.item(*index))
+                .and_then(|f| item_of(f, *index, &children, &before))
                 .ok_or(Error::Incomplete("item in spec"))?;
             Ok(NewChild {
                 key: ChildKey::Item(task.clone(), *index),
@@ -365,8 +383,13 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
         return Err(e);
     }
     // Recorded: children being deleted may go now. A `forEach` task's items are their own record
-    // (the status keeps counts only): they stay while the DAG does.
+    // (the status keeps counts only): they stay while the DAG does. So does a child's output
+    // until the DAG ends: its dependents get it as input when they are created.
+    let dag_ended = status.phase.is_some_and(DagPhase::is_terminal);
     let recorded = children.tasks.iter().filter(|(task, child)| {
+        if has_output(child) && !dag_ended {
+            return false;
+        }
         let phase = child_phase(child);
         let node = match dag.spec.on_exit.is_some() && *task == ON_EXIT_TASK {
             true => status.on_exit.as_ref(),
@@ -388,24 +411,137 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
 /// Children created at once by one reconcile.
 const CREATE_CONCURRENCY: usize = 16;
 
-/// The `forEach` tasks of `dag` by name, or why one cannot run (or a task has the exit handler's
-/// name).
-fn check_spec(dag: &AxDag) -> std::result::Result<HashMap<String, FanOut>, String> {
+/// The `forEach` tasks of a DAG.
+struct FanOuts {
+    /// By task name.
+    fan_outs: HashMap<String, FanOut>,
+    /// Those whose items cannot be known, with why: a `fromOutput` whose parent succeeded without
+    /// the list.
+    unusable: HashMap<String, String>,
+}
+
+/// The `forEach` tasks of `dag`, or why one cannot run (or a task has the exit handler's name).
+/// A `fromOutput` task has its parent's list's items once the parent has succeeded.
+fn check_spec(dag: &AxDag, children: &Children) -> std::result::Result<FanOuts, String> {
     let dag_name = dag.name_any();
     if dag.spec.on_exit.is_some() {
         for task in &dag.spec.tasks {
             exit::check_task_name(&task.name)?;
         }
     }
-    dag.spec
-        .tasks
-        .iter()
-        .filter_map(|task| Some((task, task.for_each.as_ref()?)))
-        .map(|(task, for_each)| {
-            let fan_out = fanout::of_spec(&dag_name, &task.name, for_each)?;
-            Ok((task.name.clone(), fan_out))
-        })
-        .collect()
+    let mut fan_outs = FanOuts {
+        fan_outs: HashMap::new(),
+        unusable: HashMap::new(),
+    };
+    let no_status = AxDagStatus::default();
+    let recorded = dag.status.as_ref().unwrap_or(&no_status);
+    for task in &dag.spec.tasks {
+        let Some(for_each) = task.for_each.as_ref() else {
+            continue;
+        };
+        if let Some(from) = &for_each.from_output {
+            let parent = dag.spec.tasks.iter().find(|t| t.name == from.task);
+            if parent.is_some_and(|p| p.for_each.is_some()) {
+                return Err(format!(
+                    "task `{}`: forEach.fromOutput.task `{}` is a forEach task, which has no output of its own",
+                    task.name, from.task
+                ));
+            }
+        }
+        let output_items = match output_list(for_each, children, recorded) {
+            None => None,
+            Some(Ok(items)) => Some(items.len()),
+            Some(Err(why)) => {
+                fan_outs.unusable.insert(task.name.clone(), why);
+                Some(0)
+            }
+        };
+        let fan_out = fanout::of_spec(
+            &dag_name,
+            &task.name,
+            &task.depends_on,
+            for_each,
+            output_items,
+        )?;
+        fan_outs.fan_outs.insert(task.name.clone(), fan_out);
+    }
+    Ok(fan_outs)
+}
+
+/// The list a `fromOutput` names, once its parent has succeeded (or why there is none); `None`
+/// before, or when `for_each` is no `fromOutput`.
+fn output_list<'a>(
+    for_each: &ForEach,
+    children: &'a Children,
+    recorded: &AxDagStatus,
+) -> Option<std::result::Result<&'a [serde_json::Value], String>> {
+    let from = for_each.from_output.as_ref()?;
+    let Some(parent) = children.tasks.get(&from.task) else {
+        // Gone after its end was recorded (its finalizer taken off by hand): so is its output.
+        let recorded = recorded.nodes.get(&from.task);
+        return recorded
+            .is_some_and(|node| node.phase == DagNodePhase::Succeeded)
+            .then(|| {
+                Err(format!(
+                    "forEach.fromOutput: the child of task `{}` is gone, and its output with it",
+                    from.task
+                ))
+            });
+    };
+    if child_phase(parent) != TaskPhase::Succeeded {
+        return None;
+    }
+    let output = parent.status.as_ref().and_then(|s| s.output.as_ref());
+    Some(fanout::output_items(&from.task, from, output))
+}
+
+/// Item `index` of a `forEach`: from its list or range, or from its parent's output.
+fn item_of(
+    for_each: &ForEach,
+    index: u32,
+    children: &Children,
+    recorded: &AxDagStatus,
+) -> Option<serde_json::Value> {
+    match output_list(for_each, children, recorded) {
+        Some(list) => list.ok()?.get(usize::try_from(index).ok()?).cloned(),
+        None if for_each.from_output.is_some() => None,
+        None => for_each.item(index),
+    }
+}
+
+/// What `parent` gives the children that depend on it.
+fn parent_result<'a>(
+    parent: &str,
+    children: &'a Children,
+    items: &'a HashMap<String, DagItemsStatus>,
+    recorded: &'a AxDagStatus,
+) -> ParentResult<'a> {
+    let counts = items
+        .get(parent)
+        .or_else(|| recorded.nodes.get(parent)?.items.as_ref());
+    match (counts, children.items.get(parent)) {
+        (Some(status), item_children) => {
+            let outputs = item_children
+                .into_iter()
+                .flat_map(BTreeMap::values)
+                .filter(|child| child_phase(child) == TaskPhase::Succeeded && has_output(child))
+                .count();
+            ParentResult::Items {
+                status,
+                outputs: u32::try_from(outputs).unwrap_or(u32::MAX),
+            }
+        }
+        (None, _) => ParentResult::Task(
+            children
+                .tasks
+                .get(parent)
+                .and_then(|child| child.status.as_ref()?.output.as_ref()),
+        ),
+    }
+}
+
+fn has_output(child: &AxTask) -> bool {
+    child.status.as_ref().is_some_and(|s| s.output.is_some())
 }
 
 /// Which child of the DAG: the one of a task, or one item's of a `forEach` task.

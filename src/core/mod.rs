@@ -7,6 +7,7 @@ pub mod cron;
 pub mod dag;
 pub mod egress;
 pub mod election;
+pub mod output;
 pub mod queue;
 pub mod selector;
 pub mod task;

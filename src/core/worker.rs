@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
 
 use crate::api::AxTask;
-use crate::core::{hex, trace};
+use crate::core::{hex, output, trace};
 
 pub const LABEL_TASK: &str = "ax.dev/task";
 pub const LABEL_ATTEMPT: &str = "ax.dev/attempt";
@@ -168,8 +168,23 @@ pub fn build_pod(task: &AxTask, attempt: i32, payload_json: &str) -> Pod {
             value_from: None,
         })
         .collect();
+    let main =
+        main_container_name(metadata.annotations.as_ref(), &pod_spec.containers).map(str::to_owned);
     for container in &mut pod_spec.containers {
         add_worker_env(container, &env);
+        if Some(&container.name) == main.as_ref() {
+            // The output is the main container's termination message (`core::output`).
+            let path = container
+                .termination_message_path
+                .clone()
+                .unwrap_or_else(|| output::DEFAULT_TERMINATION_MESSAGE_PATH.to_owned());
+            let var = EnvVar {
+                name: output::OUTPUT_FILE_ENV.into(),
+                value: Some(path),
+                value_from: None,
+            };
+            add_worker_env(container, &[var]);
+        }
         container
             .volume_mounts
             .get_or_insert_with(Vec::new)

@@ -14,6 +14,17 @@ pub const HOST_IP: &str = "127.0.0.1";
 /// Exit code of a container stopped by SIGKILL (128 + 9), as runtimes report it.
 pub const KILLED_EXIT_CODE: i32 = 137;
 
+/// What a kubelet keeps of a termination message: its last 4096 bytes (`tail.ReadAtMost` with
+/// `MaxContainerTerminationMessageLength`), from a whole character on.
+pub fn kept_message(message: &str) -> String {
+    const KEPT: usize = 4096;
+    let mut start = message.len().saturating_sub(KEPT);
+    while !message.is_char_boundary(start) {
+        start += 1;
+    }
+    message[start..].to_owned()
+}
+
 pub fn is_terminal(pod: &Pod) -> bool {
     matches!(
         pod.status
@@ -109,7 +120,7 @@ pub fn terminated(
             let (exit_code, message) = if index == 0 {
                 (
                     script.exit_code,
-                    Some(script.message.clone()).filter(|message| !message.is_empty()),
+                    Some(kept_message(&script.message)).filter(|message| !message.is_empty()),
                 )
             } else {
                 (0, None)
@@ -380,6 +391,15 @@ mod tests {
             .as_deref()
             .and_then(|conditions| conditions.iter().find(|condition| condition.type_ == type_))
             .expect("condition present")
+    }
+
+    #[test]
+    fn a_long_message_keeps_its_last_4096_bytes_like_a_kubelet() {
+        assert_eq!(kept_message("boom"), "boom");
+        let long = format!("{}{}", "a".repeat(10), "b".repeat(4096));
+        assert_eq!(kept_message(&long), "b".repeat(4096));
+        let wide = format!("é{}", "b".repeat(4095));
+        assert_eq!(kept_message(&wide), "b".repeat(4095));
     }
 
     fn script(exit_code: i32, message: &str) -> PodScript {

@@ -16,8 +16,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use serde_json::Value;
+
 use super::MAX_CHILD_NAME_LEN;
-use crate::api::{AxTaskSpec, DagItemsStatus, ForEach, TaskPhase};
+use crate::api::{AxTaskSpec, DagItemsStatus, ForEach, FromOutput, TaskPhase};
+use crate::core::output;
 
 /// Items at work at once when `forEach.parallelism` is absent.
 pub const DEFAULT_PARALLELISM: u32 = 100;
@@ -169,15 +172,39 @@ pub fn step(node: &FanOut, phases: &BTreeMap<u32, TaskPhase>) -> Step {
 }
 
 /// The node a `forEach` spec describes, or why it cannot run (for the DAG's `InvalidSpec`).
-pub fn of_spec(dag_name: &str, task: &str, for_each: &ForEach) -> Result<FanOut, String> {
-    if for_each.lists_items() == for_each.range.is_some() {
+/// `depends_on` is the task's; `output_items` the length of the list a `fromOutput` names, once
+/// known (none before: the node has no items yet).
+pub fn of_spec(
+    dag_name: &str,
+    task: &str,
+    depends_on: &[String],
+    for_each: &ForEach,
+    output_items: Option<usize>,
+) -> Result<FanOut, String> {
+    let sources = [
+        for_each.lists_items(),
+        for_each.range.is_some(),
+        for_each.from_output.is_some(),
+    ];
+    if sources.into_iter().filter(|set| *set).count() != 1 {
         return Err(format!(
-            "task `{task}`: forEach needs exactly one of items and range"
+            "task `{task}`: forEach needs exactly one of items, range and fromOutput"
         ));
     }
-    let items = for_each
-        .item_count()
-        .ok_or_else(|| format!("task `{task}`: forEach.range.count is negative"))?;
+    let items = match &for_each.from_output {
+        Some(from) => {
+            if !depends_on.contains(&from.task) {
+                return Err(format!(
+                    "task `{task}`: forEach.fromOutput.task `{}` is not one of its dependsOn",
+                    from.task
+                ));
+            }
+            output_items.unwrap_or(0)
+        }
+        None => for_each
+            .item_count()
+            .ok_or_else(|| format!("task `{task}`: forEach.range.count is negative"))?,
+    };
     if items > MAX_ITEMS {
         return Err(format!(
             "task `{task}`: forEach has {items} items, more than {MAX_ITEMS}"
@@ -234,6 +261,58 @@ pub fn of_spec(dag_name: &str, task: &str, for_each: &ForEach) -> Result<FanOut,
         success,
         max_failed_items,
     })
+}
+
+/// The items of a `forEach` over `from`'s output (`output`, absent when the task has none): the
+/// list at its path. Why not, when there is no such list, for the node's failure.
+pub fn output_items<'a>(
+    task: &str,
+    from: &FromOutput,
+    output: Option<&'a Value>,
+) -> Result<&'a [Value], String> {
+    let path = from.path.as_deref().unwrap_or_default();
+    let parent = &from.task;
+    let Some(output) = output else {
+        return Err(format!(
+            "task `{task}`: forEach.fromOutput: task `{parent}` succeeded without an output"
+        ));
+    };
+    let named = match path {
+        "" => format!("the output of task `{parent}`"),
+        path => format!("`{path}` in the output of task `{parent}`"),
+    };
+    match output::at_path(output, path) {
+        Some(Value::Array(items)) => Ok(items),
+        Some(other) => Err(format!(
+            "task `{task}`: forEach.fromOutput: {named} is {}, not a list",
+            kind_of(other)
+        )),
+        None => Err(format!(
+            "task `{task}`: forEach.fromOutput: the output of task `{parent}` has no `{path}`"
+        )),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The step of a node whose items cannot be known (`why`): it fails at once, creating nothing.
+pub fn unusable(why: String) -> Step {
+    Step {
+        create: Vec::new(),
+        cancel: Vec::new(),
+        counts: Counts::default(),
+        outcome: NodeOutcome::Failed(why),
+        failed_indexes: String::new(),
+    }
 }
 
 /// The name of the child AxTask that runs item `index` of `task`.

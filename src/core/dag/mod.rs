@@ -18,6 +18,7 @@
 
 pub mod exit;
 pub mod fanout;
+pub mod inputs;
 pub mod status;
 
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -10,6 +10,7 @@ use super::{ACTOR_USER, ACTOR_WORKER, Clock, Decision, Inputs};
 use crate::api::{AttemptRecord, Failure, FailureKind, TaskPhase};
 use crate::core::backoff::retry_delay;
 use crate::core::conditions::CALLBACK_DELIVERED;
+use crate::core::output::{self, Output};
 use crate::core::worker::pod_name;
 
 use TaskPhase::{Canceled, Dead, Failed, Pending, Running, Scheduled, Succeeded, TimedOut};
@@ -322,12 +323,30 @@ fn succeed(d: &mut Decision, inputs: &Inputs, from: TaskPhase, reason: Reason, n
         d.status.node = Some(node);
     }
     let name = d.status.worker.clone().unwrap_or_default();
-    let message = if reason == Reason::CompletedAfterTimeout {
+    let mut message = if reason == Reason::CompletedAfterTimeout {
         format!(
             "worker {name} exited 0 after the attempt had ended {from}; no next attempt was started"
         )
     } else {
         format!("worker {name} exited 0")
+    };
+    let exit = pod
+        .and_then(|p| p.exit.as_ref())
+        .filter(|e| e.exit_code == 0);
+    let written = exit.map(|e| e.message.as_str());
+    let mut reason = reason;
+    d.status.output = match output::of_message(written.unwrap_or_default()) {
+        Output::None => None,
+        Output::Some(value) => Some(value),
+        Output::TooLarge => {
+            reason = Reason::OutputTooLarge;
+            message.push_str(&format!(
+                "; its output ($AX_OUTPUT_FILE) is over {} bytes and is not kept: the kubelet keeps only the last {} bytes of it. Keep large results in your own storage and output where they are",
+                output::MAX_OUTPUT_BYTES,
+                output::TERMINATION_MESSAGE_KEPT_BYTES
+            ));
+            None
+        }
     };
     d.end_attempt(Succeeded, reason, None, now);
     if let Some(record) = d.current_record() {
@@ -450,6 +469,7 @@ fn rerun(d: &mut Decision, inputs: &Inputs, now: Timestamp) {
     s.next_attempt_at = None;
     s.queued_at = Some(now);
     s.soft_timeout_attempt = None;
+    s.output = None;
     s.conditions.retain(|c| c.type_ != CALLBACK_DELIVERED);
     let message = format!(
         "re-run {} of {} requested (spec.rerun); the next attempt is {}",

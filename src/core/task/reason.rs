@@ -28,6 +28,9 @@ pub enum Reason {
     Completed,
     /// The main container exited 0 after the attempt had timed out, before any next attempt.
     CompletedAfterTimeout,
+    /// The main container exited 0 with an output over the limit (`core::output`): the task
+    /// succeeded, and its output is not kept.
+    OutputTooLarge,
     /// A `retry.rules` entry matched the exit code.
     ExitCodeRule,
     /// Termination message `{"error":"biz"}`.
@@ -90,6 +93,7 @@ impl Reason {
             WorkerRunning => "WorkerRunning",
             Completed => "Completed",
             CompletedAfterTimeout => "CompletedAfterTimeout",
+            OutputTooLarge => "OutputTooLarge",
             ExitCodeRule => "ExitCodeRule",
             BusinessError => "BusinessError",
             SystemError => "SystemError",
@@ -150,7 +154,7 @@ impl Reason {
     }
 
     /// Every reason, for tests and documentation.
-    pub const ALL: [Reason; 37] = {
+    pub const ALL: [Reason; 38] = {
         use Reason::*;
         [
             Queued,
@@ -164,6 +168,7 @@ impl Reason {
             WorkerRunning,
             Completed,
             CompletedAfterTimeout,
+            OutputTooLarge,
             ExitCodeRule,
             BusinessError,
             SystemError,

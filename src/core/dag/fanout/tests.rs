@@ -133,7 +133,9 @@ fn a_spec_gives_its_node_or_a_clear_error() {
     let range = of_spec(
         "d",
         "map",
+        &[],
         &for_each(serde_json::json!({"range": {"count": 2000}})),
+        None,
     );
     assert_eq!(
         range,
@@ -148,7 +150,7 @@ fn a_spec_gives_its_node_or_a_clear_error() {
         "items": ["a", {"b": 1}, 3], "parallelism": 2, "maxFailedItems": 1,
         "successPolicy": {"minSucceededPercent": 50},
     }));
-    let node = of_spec("d", "map", &listed).expect("valid");
+    let node = of_spec("d", "map", &[], &listed, None).expect("valid");
     assert_eq!(
         (
             node.items,
@@ -159,11 +161,17 @@ fn a_spec_gives_its_node_or_a_clear_error() {
         (3, 2, SuccessPolicy::MinSucceededPercent(50), Some(1))
     );
     assert_eq!(node.required(), 2);
-    let error = |json| of_spec("d", "map", &for_each(json)).expect_err("invalid");
-    assert!(error(serde_json::json!({})).contains("exactly one of items and range"));
+    let error = |json| of_spec("d", "map", &[], &for_each(json), None).expect_err("invalid");
+    let one_source = "exactly one of items, range and fromOutput";
+    assert!(error(serde_json::json!({})).contains(one_source));
+    assert!(error(serde_json::json!({"items": [1], "range": {"count": 1}})).contains(one_source));
     assert!(
-        error(serde_json::json!({"items": [1], "range": {"count": 1}}))
-            .contains("exactly one of items and range")
+        error(serde_json::json!({"range": {"count": 1}, "fromOutput": {"task": "split"}}))
+            .contains(one_source)
+    );
+    assert!(
+        error(serde_json::json!({"fromOutput": {"task": "split"}}))
+            .contains("`split` is not one of its dependsOn")
     );
     assert!(
         error(serde_json::json!({"range": {"count": 1}, "successPolicy": {}}))
@@ -174,7 +182,9 @@ fn a_spec_gives_its_node_or_a_clear_error() {
     let too_long = of_spec(
         &long,
         "map",
+        &[],
         &for_each(serde_json::json!({"range": {"count": 100000}})),
+        None,
     );
     assert!(
         too_long.expect_err("too long").contains("`x"),
@@ -183,13 +193,57 @@ fn a_spec_gives_its_node_or_a_clear_error() {
 }
 
 #[test]
+fn a_from_output_node_has_the_items_of_its_parents_list_once_known() {
+    let from = for_each(serde_json::json!({"fromOutput": {"task": "split", "path": "orders"}}));
+    let parents = ["split".to_owned()];
+    let node = |known| of_spec("d", "map", &parents, &from, known).map(|n| n.items);
+    assert_eq!(node(None), Ok(0), "no items before the parent's output");
+    assert_eq!(node(Some(500)), Ok(500));
+    let spec = from.from_output.as_ref().expect("fromOutput");
+    let output = serde_json::json!({"orders": [1, 2, 3], "n": 3});
+    assert_eq!(
+        output_items("map", spec, Some(&output)).map(<[_]>::len),
+        Ok(3)
+    );
+    let error = |output: Option<serde_json::Value>| {
+        output_items("map", spec, output.as_ref()).expect_err("no list")
+    };
+    assert!(error(None).contains("task `split` succeeded without an output"));
+    assert!(error(Some(serde_json::json!({"n": 3}))).contains("has no `orders`"));
+    assert!(
+        error(Some(serde_json::json!({"orders": {"a": 1}})))
+            .contains("`orders` in the output of task `split` is an object, not a list")
+    );
+    let whole = crate::api::FromOutput {
+        task: "split".into(),
+        path: None,
+    };
+    let list = serde_json::json!(["a", "b"]);
+    assert_eq!(
+        output_items("map", &whole, Some(&list)).map(<[_]>::len),
+        Ok(2)
+    );
+    assert!(
+        output_items("map", &whole, Some(&serde_json::json!(7)))
+            .expect_err("a number")
+            .contains("the output of task `split` is a number, not a list")
+    );
+    let failed = unusable("why".into());
+    assert_eq!(failed.phase(), crate::api::TaskPhase::Dead);
+    assert!(failed.create.is_empty());
+}
+
+#[test]
 fn a_cached_list_keeps_its_length() {
     let mut cached = for_each(serde_json::json!({"items": [1, 2, 3]}));
     cached.cached_item_count = cached.items.take().map(|i| i.len());
-    assert_eq!(of_spec("d", "t", &cached).map(|n| n.items), Ok(3));
+    assert_eq!(
+        of_spec("d", "t", &[], &cached, None).map(|n| n.items),
+        Ok(3)
+    );
     cached.range = Some(crate::api::ItemRange { count: 3 });
     assert!(
-        of_spec("d", "t", &cached).is_err(),
+        of_spec("d", "t", &[], &cached, None).is_err(),
         "both, even when cached"
     );
 }
