@@ -243,6 +243,25 @@ fn shaped_non_null(schema: &Value, depth: u32) -> BoxedStrategy<Value> {
     }
     for key in ["anyOf", "oneOf"] {
         if let Some(branches) = schema[key].as_array().filter(|b| !b.is_empty()) {
+            // Branches that only name required fields (`AxTaskSpec`'s): the object itself, with
+            // each branch's fields required in turn.
+            if branches
+                .iter()
+                .all(|b| b["type"].is_null() && b["properties"].is_null())
+            {
+                let objects = branches.iter().map(|branch| {
+                    let mut one = schema.clone();
+                    if let Some(one) = one.as_object_mut() {
+                        one.remove(key);
+                        let mut required =
+                            schema["required"].as_array().cloned().unwrap_or_default();
+                        required.extend(branch["required"].as_array().cloned().unwrap_or_default());
+                        one.insert("required".into(), Value::from(required));
+                    }
+                    shaped(&one, depth)
+                });
+                return Union::new(objects).boxed();
+            }
             return Union::new(branches.iter().map(|b| shaped(b, depth))).boxed();
         }
     }
@@ -305,6 +324,17 @@ proptest! {
         }
         if let Ok(status) = serde_json::from_value::<AxTaskStatus>(status) {
             serde_json::to_string(&status).expect("a status serializes");
+        }
+    }
+
+    #[test]
+    fn any_template_the_schema_admits_completes_any_task_without_panic(
+        template in part(&schema_of(&crate::api::AxTaskTemplate::crd()), "spec"),
+        task in part(&schema_of(&AxTask::crd()), "spec"),
+    ) {
+        let resolved = crate::core::template::resolve(&task, &template);
+        if let Ok(spec) = serde_json::from_value::<AxTaskSpec>(resolved) {
+            let _ = crate::core::task::validate(&spec);
         }
     }
 

@@ -4,7 +4,7 @@
 use kube::CustomResourceExt;
 use serde_json::Value;
 
-use super::{AxCron, AxDag, AxQueue, AxTask};
+use super::{AxCron, AxDag, AxQueue, AxTask, AxTaskTemplate};
 
 /// Paths (`AxTask.spec.retry.backoff`) of the properties below `schema` without a description.
 fn undescribed(path: &str, schema: &Value, out: &mut Vec<String>) {
@@ -28,7 +28,13 @@ fn undescribed(path: &str, schema: &Value, out: &mut Vec<String>) {
 
 #[test]
 fn every_field_of_every_crd_has_a_description() {
-    let crds = [AxTask::crd(), AxDag::crd(), AxQueue::crd(), AxCron::crd()];
+    let crds = [
+        AxTask::crd(),
+        AxDag::crd(),
+        AxQueue::crd(),
+        AxCron::crd(),
+        AxTaskTemplate::crd(),
+    ];
     let mut missing = Vec::new();
     for crd in crds {
         let kind = crd.spec.names.kind.clone();

@@ -4,6 +4,7 @@ pub mod cron;
 pub mod dag;
 pub mod queue;
 pub mod task;
+pub mod task_template;
 pub mod template;
 
 #[cfg(test)]
@@ -13,6 +14,7 @@ pub use cron::*;
 pub use dag::*;
 pub use queue::*;
 pub use task::*;
+pub use task_template::*;
 pub use template::{INVALID_TEMPLATE_ANNOTATION, PodTemplate};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

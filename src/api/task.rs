@@ -33,14 +33,24 @@ use super::{Condition, PodTemplate, date_time, preserve_unknown_object};
     printcolumn = r#"{"name":"Suspend","type":"boolean","jsonPath":".spec.suspend","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
+// `type` and `template`, or a template to take them from: the API server refuses a task with
+// neither (Kubernetes 1.20 has no CEL rules; `anyOf` of `required` is a structural schema's).
+#[schemars(extend("anyOf" = [{"required": ["type", "template"]}, {"required": ["templateRef"]}]))]
 pub struct AxTaskSpec {
-    /// The task type: circuit breakers and per-type limits key on it.
+    /// The task type: circuit breakers and per-type limits key on it. Required, unless
+    /// `templateRef` names a template that gives it.
     #[schemars(
         length(min = 1, max = 63),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     )]
-    #[serde(rename = "type")]
+    #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
     pub task_type: String,
+
+    /// An AxTaskTemplate in the task's namespace whose fields this task takes where it sets none
+    /// of its own (docs/templates.md). Resolved once, before the first dispatch: the task waits
+    /// with condition `TemplateResolved` False while the template does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_ref: Option<TemplateRef>,
 
     /// Dispatch priority bucket.
     #[serde(default)]
@@ -61,6 +71,7 @@ pub struct AxTaskSpec {
     /// every write of a task cost the API server a third more CPU (and the CRD 500 KB). A
     /// template that is no PodTemplateSpec makes the task Dead with `InvalidSpec`, naming the field.
     #[schemars(schema_with = "preserve_unknown_object")]
+    #[serde(default, skip_serializing_if = "PodTemplate::is_absent")]
     pub template: PodTemplate,
 
     /// How long an attempt may take: a soft timeout checks the worker is alive, a hard one kills it.
@@ -514,6 +525,10 @@ pub struct AxTaskStatus {
     /// The last `spec.rerun` acted on.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub observed_rerun: i64,
+    /// The AxTaskTemplate the spec was completed from (`spec.templateRef`), at the
+    /// resourceVersion it had then: a later edit of the template changes no task resolved before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<TemplateUse>,
     /// What the succeeded attempt's worker wrote to `$AX_OUTPUT_FILE` (its main container's
     /// termination-message file): JSON, or the text as a string; at most 4095 bytes
     /// (docs/outputs.md). A DAG passes it to the task's dependents as `inputs`.
@@ -655,4 +670,23 @@ pub struct HistoryEntry {
 /// An optional phase: the enum without the `null` schemars would add, which structural schemas reject.
 fn optional_phase(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     TaskPhase::json_schema(generator)
+}
+
+/// `spec.templateRef`: an AxTaskTemplate by name.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateRef {
+    /// The AxTaskTemplate's name, in the task's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// `status.template`: the AxTaskTemplate a task's spec was completed from.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateUse {
+    /// The AxTaskTemplate's name.
+    pub name: String,
+    /// Its `metadata.resourceVersion` when the task was resolved from it.
+    pub resource_version: String,
 }

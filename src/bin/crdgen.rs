@@ -1,6 +1,6 @@
 //! Prints the CustomResourceDefinitions of ax as YAML, or writes one file each into a directory.
 
-use ax::api::{AxCron, AxDag, AxQueue, AxTask};
+use ax::api::{AxCron, AxDag, AxQueue, AxTask, AxTaskTemplate};
 use kube::CustomResourceExt;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("axdags.yaml", AxDag::crd()),
         ("axqueues.yaml", AxQueue::crd()),
         ("axcrons.yaml", AxCron::crd()),
+        ("axtasktemplates.yaml", AxTaskTemplate::crd()),
     ];
     match std::env::args().nth(1) {
         Some(dir) => {

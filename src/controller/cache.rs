@@ -59,7 +59,11 @@ fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
     if core::main_has_probe(&t.spec) {
         cached.insert(MAIN_PROBE.to_string(), "true".to_string());
     }
-    for kept in [TRACEPARENT_ANNOTATION, TRACELINK_ANNOTATION] {
+    for kept in [
+        TRACEPARENT_ANNOTATION,
+        TRACELINK_ANNOTATION,
+        crate::core::template::RESOLVED_ANNOTATION,
+    ] {
         if let Some(value) = annotation(t, kept) {
             cached.insert(kept.to_string(), value.to_string());
         }

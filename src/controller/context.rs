@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use super::expected::Expected;
 use super::tracking::Tracking;
 use super::{cache, callback, events, owner_index};
-use crate::api::{AxCron, AxDag, AxQueue};
+use crate::api::{AxCron, AxDag, AxQueue, AxTaskTemplate};
 use crate::core::queue::{Registry, TaskKey};
 use crate::ops::metrics::Metrics;
 
@@ -53,6 +53,8 @@ pub struct Context {
     pub pods_by_task: Arc<owner_index::OwnerIndex>,
     pub nodes: Store<Node>,
     pub queue_store: Store<AxQueue>,
+    /// Every readable AxTaskTemplate: tasks with `spec.templateRef` are completed from them.
+    pub templates: Store<AxTaskTemplate>,
     /// Namespaces, metadata only: their labels decide which tasks a queue admits.
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
     /// One dispatcher per AxQueue and where every task is.

@@ -26,6 +26,8 @@ pub enum Error {
     RemoveFinalizer(#[source] kube::Error),
     #[error("deleting the task (ttlSecondsAfterFinished): {0}")]
     DeleteTask(#[source] kube::Error),
+    #[error("completing the spec from its template: {0}")]
+    WriteSpec(#[source] kube::Error),
     #[error("serializing {0}")]
     Serialize(#[from] serde_json::Error),
     #[error("object has no {0}")]
@@ -83,6 +85,7 @@ impl Error {
             Error::DeleteChild(_) => "delete_child",
             Error::RemoveFinalizer(_) => "remove_finalizer",
             Error::DeleteTask(_) => "delete_task",
+            Error::WriteSpec(_) => "write_spec",
             Error::Serialize(_) => "serialize",
             Error::Incomplete(_) => "incomplete_object",
         }
@@ -99,7 +102,8 @@ impl Error {
             | Error::UpdateChild(e)
             | Error::DeleteChild(e)
             | Error::RemoveFinalizer(e)
-            | Error::DeleteTask(e) => Some(e),
+            | Error::DeleteTask(e)
+            | Error::WriteSpec(e) => Some(e),
             Error::Serialize(_) | Error::Incomplete(_) => None,
         }
     }

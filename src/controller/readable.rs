@@ -22,7 +22,10 @@ use serde::{Deserialize, Deserializer};
 
 use super::events::Events;
 use super::list_watch;
-use crate::api::{AxCron, AxCronSpec, AxDag, AxDagSpec, AxQueue, AxQueueSpec, AxTask, AxTaskSpec};
+use crate::api::{
+    AxCron, AxCronSpec, AxDag, AxDagSpec, AxQueue, AxQueueSpec, AxTask, AxTaskSpec, AxTaskTemplate,
+    AxTaskTemplateSpec,
+};
 
 /// The Event reason of an object the operator skips.
 pub const REASON: &str = "Unreadable";
@@ -136,6 +139,15 @@ impl Placeholder for AxDag {
             metadata,
             spec: AxDagSpec::default(),
             status: None,
+        }
+    }
+}
+
+impl Placeholder for AxTaskTemplate {
+    fn placeholder(metadata: ObjectMeta) -> Self {
+        AxTaskTemplate {
+            metadata,
+            spec: AxTaskTemplateSpec::default(),
         }
     }
 }

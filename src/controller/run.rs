@@ -25,7 +25,7 @@ use super::owner_index::OwnerIndex;
 use super::{
     Context, Queues, Tracking, cache, cron, dag, dispatch, namespace, queue, readable, task,
 };
-use crate::api::{AxCron, AxDag, AxQueue};
+use crate::api::{AxCron, AxDag, AxQueue, AxTaskTemplate};
 use crate::core::worker::LABEL_TASK;
 use crate::ops::metrics::Metrics;
 
@@ -96,6 +96,13 @@ pub async fn run(
     )
     .for_each(|_| async {});
 
+    let (templates, templates_writer) = reflector::store();
+    let template_events = reflector::reflector(
+        templates_writer,
+        readable::watch::<AxTaskTemplate>(client.clone(), None, Some(reporter.clone())),
+    )
+    .touched_objects();
+
     let (queue_store, queues_writer) = reflector::store();
     let queue_events = reflector::reflector(
         queues_writer,
@@ -154,6 +161,7 @@ pub async fn run(
         pods_by_task,
         nodes: nodes.clone(),
         queue_store,
+        templates,
         namespaces,
         queues: Queues::default(),
         dispatch_wanted: Notify::new(),
@@ -210,6 +218,7 @@ pub async fn run(
         _ = count_tasks(ctx.clone()) => {}
         _ = dag::run(ctx.clone(), dag_events, dags_woken) => {}
         _ = cron::run(ctx.clone(), cron_events, crons_woken) => {}
+        _ = task::wake_tasks_waiting_for_templates(ctx.clone(), template_events) => {}
     }
     node_task.abort();
     Ok(())
@@ -223,6 +232,7 @@ async fn report_caches_synced(ctx: super::Ctx, synced: tokio::sync::watch::Sende
     super::cache_synced(&ctx.pods).await;
     super::cache_synced(&ctx.nodes).await;
     super::cache_synced(&ctx.queue_store).await;
+    super::cache_synced(&ctx.templates).await;
     super::cache_synced(&ctx.namespaces).await;
     synced.send_replace(true);
 }

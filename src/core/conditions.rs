@@ -42,6 +42,9 @@ pub const CALLBACK_DELIVERED: &str = "CallbackDelivered";
 pub const INVALID_SPEC: &str = "InvalidSpec";
 /// A cron's or a Pending task's `spec.suspend` is set.
 pub const SUSPENDED: &str = "Suspended";
+/// False while the AxTaskTemplate a task's `spec.templateRef` names does not exist (the task
+/// waits, unadmitted); gone once the spec is completed from it (`status.template` records it).
+pub const TEMPLATE_RESOLVED: &str = "TemplateResolved";
 
 /// Reasons of the conditions above.
 pub mod reason {
@@ -79,6 +82,8 @@ pub mod reason {
     pub const DELIVERY_FAILED: &str = "DeliveryFailed";
     /// `CallbackDelivered` False: not attempted, the destination is not allowed.
     pub const CALLBACK_REFUSED: &str = "CallbackRefused";
+    /// `TemplateResolved` False: the AxTaskTemplate does not exist.
+    pub const TEMPLATE_NOT_FOUND: &str = "TemplateNotFound";
 }
 
 /// `True` or `False`.

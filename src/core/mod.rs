@@ -11,6 +11,7 @@ pub mod output;
 pub mod queue;
 pub mod selector;
 pub mod task;
+pub mod template;
 pub mod trace;
 pub mod worker;
 

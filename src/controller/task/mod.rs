@@ -16,13 +16,15 @@ use tracing::{debug, info, warn};
 
 mod pods;
 mod report;
+mod template;
 
 pub use report::publish_transitions;
+pub use template::wake_waiting as wake_tasks_waiting_for_templates;
 
 use super::cache::{CachedTask, SettledTask};
 use super::write::{self, ApiError};
 use super::{Ctx, Error, Result, TaskKey, cache, task_key, version_of};
-use crate::api::{AxTask, AxTaskStatus, TaskPhase, TraceContext};
+use crate::api::{AxTask, AxTaskStatus, TaskPhase, TemplateUse, TraceContext};
 use crate::core::queue::key::KeySource;
 use crate::core::queue::{holder, pending_of};
 use crate::core::task::{self as core, Action, Clock, Decision, Inputs, QueueState, Refusal};
@@ -89,7 +91,11 @@ pub async fn reconcile(cached: Arc<CachedTask>, ctx: Ctx) -> Result<Requeue> {
     if let Some(trace) = task.status.as_ref().and_then(|s| s.trace.as_ref()) {
         span.record("trace_id", trace.trace_id.as_str());
     }
-    decide_on(task, key, ctx).await
+    let template = match template::resolve_template(&task, &ctx).await? {
+        template::Resolution::Ready(used) => used,
+        template::Resolution::Done(requeue) => return Ok(requeue),
+    };
+    decide_on(task, key, template, ctx).await
 }
 
 /// A look at a settled task from its cached facts (see `cache::CachedTask`): `Some` when it changes
@@ -213,7 +219,12 @@ async fn with_payload_if_keyed(task: Arc<AxTask>, key: &TaskKey, ctx: &Ctx) -> R
 }
 
 /// Decides on the whole task and carries the decision out.
-async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue> {
+async fn decide_on(
+    task: Arc<AxTask>,
+    key: TaskKey,
+    template: Option<TemplateUse>,
+    ctx: Ctx,
+) -> Result<Requeue> {
     let callback = ctx.tracking.take_callback(&key);
     let spec_error = cache::spec_error(&task);
     let main_has_probe = cache::main_has_probe(&task);
@@ -284,6 +295,7 @@ async fn decide_on(task: Arc<AxTask>, key: TaskKey, ctx: Ctx) -> Result<Requeue>
             preempted,
             refused: refused.as_ref(),
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
+            template: template.as_ref(),
             progress_write_delay: ctx.progress_write_delay,
         };
         let mut decision = core::decide(&inputs, &clock);

@@ -142,6 +142,32 @@ pub(crate) fn child_spec(
     spec
 }
 
+/// The env a DAG child's worker gets from its item or its DAG, worked out again from its labels
+/// and payload: `child_spec` sets it in the containers a spec has, and a child completed from its
+/// template later (`core::template`) gets it then.
+pub fn child_vars(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+    payload: Option<&serde_json::Value>,
+) -> Vec<(&'static str, String)> {
+    let label = |name: &str| labels.and_then(|l| l.get(name)).map(String::as_str);
+    let field = |name: &str| payload.and_then(|p| p.get(name));
+    let mut vars = Vec::new();
+    if label(crate::api::LABEL_DAG_ITEM).is_some()
+        && let (Some(item), Some(index)) = (field("item"), field("itemIndex"))
+    {
+        vars.push(("AX_ITEM", item.to_string()));
+        vars.push(("AX_ITEM_INDEX", index.to_string()));
+    }
+    if label(crate::api::LABEL_DAG_TASK) == Some(exit::ON_EXIT_TASK)
+        && let Some(dag) = field("dag")
+    {
+        let text = |key: &str| dag.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+        vars.push(("AX_DAG", text("name").to_owned()));
+        vars.push(("AX_DAG_PHASE", text("phase").to_owned()));
+    }
+    vars
+}
+
 /// The name of the child AxTask that runs `task` of DAG `dag_name`.
 pub fn child_name(dag_name: &str, task: &str) -> String {
     format!("{dag_name}-{task}")

@@ -39,7 +39,7 @@ pub use validate::{
 
 use crate::api::{
     ATTEMPTS_CAP, AttemptRecord, AxTaskSpec, AxTaskStatus, Failure, FailureKind, HistoryEntry,
-    QueueKey, TaskPhase, TraceContext,
+    QueueKey, TaskPhase, TemplateUse, TraceContext,
 };
 use crate::core::conditions::CALLBACK_DELIVERED;
 use crate::core::queue::{HeldReason, Outcome};
@@ -98,6 +98,9 @@ pub struct Inputs<'a> {
     pub refused: Option<&'a Refusal>,
     /// The outcome of a callback delivery to record.
     pub callback: Option<(CallbackResult, &'a str)>,
+    /// The AxTaskTemplate the spec was completed from (`core::template`), recorded with the first
+    /// status write.
+    pub template: Option<&'a TemplateUse>,
     /// How long after its dispatch a status that records only progress (dispatched, running) may
     /// wait to be written, so a short attempt costs one status write instead of three (see
     /// [`Decision::write_by`]). Zero writes every change at once.
@@ -129,6 +132,7 @@ impl<'a> Inputs<'a> {
             preempted: false,
             refused: None,
             callback: None,
+            template: None,
             progress_write_delay: Duration::ZERO,
         }
     }
@@ -325,6 +329,14 @@ pub fn decide(inputs: &Inputs, clock: &Clock) -> Decision {
         return d;
     }
     d.status.observed_generation = inputs.generation;
+    if let Some(template) = inputs.template {
+        if d.status.template.is_none() {
+            d.status.template = Some(template.clone());
+        }
+        d.status
+            .conditions
+            .retain(|c| c.type_ != crate::core::conditions::TEMPLATE_RESOLVED);
+    }
     if !d.status.phase.is_some_and(TaskPhase::is_terminal) {
         d.status.queue_key = inputs.queue_key.cloned();
         if d.status.trace.is_none() {

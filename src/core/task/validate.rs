@@ -13,6 +13,8 @@ pub const POD_ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 /// Why a spec cannot run; the message is what the task's history and `deadReason` show.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TaskSpecError {
+    #[error("spec.type is required unless spec.templateRef names an AxTaskTemplate that gives it")]
+    NoType,
     #[error(
         "spec.timeout.softSeconds ({soft}) must be less than spec.timeout.hardSeconds ({hard})"
     )]
@@ -50,6 +52,9 @@ pub enum TaskSpecError {
 
 /// Semantic checks of a spec.
 pub fn validate(spec: &AxTaskSpec) -> Result<(), TaskSpecError> {
+    if spec.task_type.is_empty() {
+        return Err(TaskSpecError::NoType);
+    }
     if let Some(reason) = spec
         .template
         .metadata
