@@ -219,16 +219,30 @@ async fn operator_killed_mid_fan_out_creates_no_item_twice() {
     }
 }
 
-/// The operator SIGKILLed the moment a DAG's terminal phase is written: its exit handler still
-/// runs, exactly once.
+/// The operator SIGKILLed the moment a DAG's and a task's terminal phase are written: their exit
+/// handlers still run, exactly once each.
 #[tokio::test]
 async fn operator_killed_right_after_a_dags_end_runs_its_exit_handler_once() {
     let client = client().await;
     let ns = namespace(&client, "restart-onexit").await;
     let (handlers, watch) = record_task_uids(&client, &ns, "ax.dev/dag-task=onexit");
+    let (task_handlers, task_watch) = record_task_uids(&client, &ns, "ax.dev/exit-of=single");
 
     let mut operator = start_operator("onexit-a");
     let step = common::sim::sim_task_spec("fan", &SimWorker::running_for(500));
+    // An AxTask's own exit handler (spec.onExit), beside the DAG's.
+    let mut single = step.clone();
+    single["onExit"] = step.clone();
+    let single: AxTask = serde_json::from_value(serde_json::json!({
+        "apiVersion": "ax.dev/v1alpha1", "kind": "AxTask",
+        "metadata": {"name": "single"}, "spec": single,
+    }))
+    .expect("an AxTask");
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    tasks
+        .create(&Default::default(), &single)
+        .await
+        .expect("create");
     let dag: AxDag = serde_json::from_value(serde_json::json!({
         "apiVersion": "ax.dev/v1alpha1", "kind": "AxDag",
         "metadata": {"name": "ending"},
@@ -246,11 +260,25 @@ async fn operator_killed_right_after_a_dags_end_runs_its_exit_handler_once() {
             .is_some_and(|p| p.is_terminal())
     };
     wait_for(&client, &ns, "ending", LONG, terminal).await;
+    wait_for(&client, &ns, "single", LONG, |t: &AxTask| {
+        t.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p.is_terminal())
+    })
+    .await;
     operator.sigkill();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut operator = start_operator("onexit-b");
     let done = wait_for(&client, &ns, "ending", LONG, |d: &AxDag| {
         d.status
+            .as_ref()
+            .and_then(|s| s.on_exit.as_ref())
+            .is_some_and(|n| n.phase == ax::api::DagNodePhase::Succeeded)
+    })
+    .await;
+    wait_for(&client, &ns, "single", LONG, |t: &AxTask| {
+        t.status
             .as_ref()
             .and_then(|s| s.on_exit.as_ref())
             .is_some_and(|n| n.phase == ax::api::DagNodePhase::Succeeded)
@@ -263,6 +291,18 @@ async fn operator_killed_right_after_a_dags_end_runs_its_exit_handler_once() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     drop(operator);
     watch.abort();
+    task_watch.abort();
+    let task_handlers = task_handlers.lock().unwrap().clone();
+    assert_eq!(
+        task_handlers.values().flatten().count(),
+        1,
+        "the task's exit handlers: {task_handlers:?}"
+    );
+    let handler = tasks
+        .get("single-onexit")
+        .await
+        .expect("the task's handler");
+    assert_eq!(handler.status.map(|s| s.attempt), Some(1));
     assert_eq!(
         done.status.and_then(|s| s.phase),
         Some(ax::api::DagPhase::Succeeded)

@@ -10,8 +10,8 @@ use ax::api::{AxTask, AxTaskStatus, Condition, FailureKind, TaskPhase};
 use common::sim::{SimWorker, sim_task_with};
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::api::{Api, DeleteParams, LogParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
 
 /// A fresh namespace for `test` holding the example `file` as task `name`, once that is in phase
 /// `want`: (the client, the namespace, the task as it was then).
@@ -991,4 +991,128 @@ async fn a_suspended_task_waits_without_a_pod_and_runs_once_resumed() {
         condition_of(&done, "Suspended"),
         Some(("False".into(), "Active".into()))
     );
+}
+
+/// `spec.onExit` runs once for a Succeeded, a Dead and a Canceled task, with the task's end in
+/// its env and payload; a failing handler leaves its task's phase and says so; a task with
+/// `ttlSecondsAfterFinished: 0` goes only once its handler's end is recorded.
+#[tokio::test]
+async fn the_exit_handler_of_a_task_runs_once_whatever_its_end() {
+    let client = client().await;
+    let ns = namespace(&client, "task-onexit").await;
+    let handler = |exit_code: i32| {
+        serde_json::json!({
+            "type": "sim-notify",
+            "payload": {"channel": "ops"},
+            "retry": {"maxRetries": 0},
+            "template": {"spec": SimWorker::running_for(100).exit_code(exit_code).pod_spec()},
+        })
+    };
+    let task = |name: &str, worker: SimWorker, on_exit: serde_json::Value| {
+        sim_task_with(name, "sim-step", &worker, |t| {
+            t["spec"]["retry"] = serde_json::json!({"maxRetries": 0});
+            t["spec"]["onExit"] = on_exit;
+        })
+    };
+    create(
+        &client,
+        &ns,
+        &task("ok", SimWorker::running_for(100), handler(0)),
+    )
+    .await;
+    let failing = SimWorker::running_for(100).exit_code(3);
+    create(&client, &ns, &task("bad", failing, handler(0))).await;
+    create(
+        &client,
+        &ns,
+        &task("stop", SimWorker::running_for(100).hang(), handler(0)),
+    )
+    .await;
+    create(
+        &client,
+        &ns,
+        &task("sad", SimWorker::running_for(100), handler(3)),
+    )
+    .await;
+    let mut gone = task("gone", SimWorker::running_for(100), handler(0));
+    gone.spec.ttl_seconds_after_finished = Some(0);
+    create(&client, &ns, &gone).await;
+    wait_phase(&client, &ns, "stop", TaskPhase::Running, LONG).await;
+    let tasks: Api<AxTask> = Api::namespaced(client.clone(), &ns);
+    tasks
+        .patch(
+            "stop",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"cancel": true}})),
+        )
+        .await
+        .expect("cancel");
+
+    let handled = |want: &'static str| {
+        move |t: &AxTask| {
+            t.status
+                .as_ref()
+                .and_then(|s| s.on_exit.as_ref())
+                .is_some_and(|n| serde_json::to_value(n.phase).ok() == Some(want.into()))
+        }
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for (name, phase) in [("ok", "Succeeded"), ("bad", "Dead"), ("stop", "Canceled")] {
+        let parent = wait_task(&client, &ns, name, LONG, handled("Succeeded")).await;
+        let status = parent.status.as_ref().expect("status");
+        assert_eq!(status.phase.map(|p| p.as_str()), Some(phase));
+        let recorded = status.on_exit.as_ref().expect("onExit");
+        assert_eq!(
+            recorded.task.as_deref(),
+            Some(format!("{name}-onexit").as_str())
+        );
+        let child = tasks
+            .get(&format!("{name}-onexit"))
+            .await
+            .expect("the handler");
+        assert_eq!(child.labels()["ax.dev/exit-of"], name);
+        let payload = child.spec.payload.as_ref().expect("payload");
+        assert_eq!(payload["channel"], "ops");
+        assert_eq!(payload["task"]["name"], name);
+        assert_eq!(payload["task"]["phase"], phase);
+        let child_status = child.status.as_ref().expect("status");
+        assert_eq!(child_status.attempt, 1, "{name}'s handler ran once");
+        assert!(
+            child_status.queued_at >= status.finished_at,
+            "{name}'s handler was queued before its task ended"
+        );
+        let pod = pods
+            .get(&format!("{name}-onexit-1"))
+            .await
+            .expect("its pod");
+        let env = pod.spec.as_ref().unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        let value = |key: &str| {
+            env.iter()
+                .find(|e| e.name == key)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(value("AX_PARENT_TASK").as_deref(), Some(name));
+        assert_eq!(value("AX_PARENT_PHASE").as_deref(), Some(phase));
+    }
+
+    let sad = wait_task(&client, &ns, "sad", LONG, handled("Dead")).await;
+    assert_eq!(
+        phase(&sad),
+        Some(TaskPhase::Succeeded),
+        "the task's phase stands"
+    );
+    wait_events(&client, &ns, "sad", &["OnExitFailed"]).await;
+
+    // `gone` waits for its handler, then goes, and its handler with it.
+    let deadline = Instant::now() + LONG;
+    while tasks.get_opt("gone").await.expect("get").is_some() {
+        assert!(Instant::now() < deadline, "gone was never deleted");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Owned by `gone`: the garbage collector takes the handler; it must have run to its end.
+    let events = wait_events(&client, &ns, "gone-onexit", &["Completed"]).await;
+    assert!(!events.is_empty());
 }

@@ -9,6 +9,9 @@ use jiff::Timestamp;
 
 use super::{Condition, PodTemplate, date_time, preserve_unknown_object};
 
+/// On an AxTask's exit handler (`spec.onExit`): the task it handles.
+pub const LABEL_EXIT_OF: &str = "ax.dev/exit-of";
+
 /// What to run, how urgently, and what to do when it fails.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -116,6 +119,71 @@ pub struct AxTaskSpec {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[schemars(range(min = 0))]
     pub rerun: i64,
+
+    /// An exit handler: a task run once, as the AxTask `<name>-onexit`, when this one reaches
+    /// Succeeded, Dead or Canceled, with env `AX_PARENT_TASK` and `AX_PARENT_PHASE` and the
+    /// task's summary in its payload. Its outcome is recorded in `status.onExit` and never changes
+    /// this task's phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit: Option<ExitHandlerSpec>,
+}
+
+/// `spec.onExit` of an AxTask: the spec of the task that runs as its exit handler (an AxTask's
+/// spec but for its own lifecycle fields).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("anyOf" = [{"required": ["type", "template"]}, {"required": ["templateRef"]}]))]
+pub struct ExitHandlerSpec {
+    /// The handler's task type.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
+    pub task_type: String,
+    /// An AxTaskTemplate to take the handler's spec from (as an AxTask's `spec.templateRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_ref: Option<TemplateRef>,
+    /// The handler's worker pod template.
+    #[schemars(schema_with = "preserve_unknown_object")]
+    #[serde(default, skip_serializing_if = "PodTemplate::is_absent")]
+    pub template: PodTemplate,
+    /// Any JSON object; the handler's payload also gets `task`, the summary of the task it
+    /// handles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_object")]
+    pub payload: Option<serde_json::Value>,
+    /// Dispatch priority bucket.
+    #[serde(default)]
+    pub priority: Priority,
+    /// Name of the AxQueue the handler waits in.
+    #[serde(default = "default_queue")]
+    #[schemars(length(min = 1, max = 253))]
+    pub queue: String,
+    /// The handler's timeouts.
+    #[serde(default)]
+    pub timeout: TimeoutSpec,
+    /// The handler's retries.
+    #[serde(default)]
+    pub retry: RetrySpec,
+}
+
+impl ExitHandlerSpec {
+    /// The handler's AxTask spec.
+    pub fn task_spec(&self) -> AxTaskSpec {
+        // Serde's defaults (`preemptible` is true), not `Default`'s.
+        let mut spec: AxTaskSpec =
+            serde_json::from_value(serde_json::json!({})).unwrap_or_default();
+        spec.task_type = self.task_type.clone();
+        spec.template_ref = self.template_ref.clone();
+        spec.template = self.template.clone();
+        spec.payload = self.payload.clone();
+        spec.priority = self.priority;
+        spec.queue = self.queue.clone();
+        spec.timeout = self.timeout.clone();
+        spec.retry = self.retry.clone();
+        spec
+    }
 }
 
 fn default_queue() -> String {
@@ -529,6 +597,9 @@ pub struct AxTaskStatus {
     /// resourceVersion it had then: a later edit of the template changes no task resolved before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<TemplateUse>,
+    /// The exit handler (`spec.onExit`): its task, once created, and how it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit: Option<super::DagNodeStatus>,
     /// What the succeeded attempt's worker wrote to `$AX_OUTPUT_FILE` (its main container's
     /// termination-message file): JSON, or the text as a string; at most 4095 bytes
     /// (docs/outputs.md). A DAG passes it to the task's dependents as `inputs`.

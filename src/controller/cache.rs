@@ -71,6 +71,11 @@ fn strip(t: &mut AxTask) -> (PodTemplate, Option<serde_json::Value>) {
     t.metadata.managed_fields = None;
     // Most tasks have no fact to note: no map at all, rather than an empty one.
     t.metadata.annotations = (!cached.is_empty()).then_some(cached);
+    // An exit handler's template and payload are read whole when it is created.
+    if let Some(handler) = t.spec.on_exit.as_mut() {
+        handler.template = PodTemplate::absent();
+        handler.payload = None;
+    }
     (std::mem::take(&mut t.spec.template), t.spec.payload.take())
 }
 

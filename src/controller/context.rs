@@ -92,11 +92,13 @@ impl Context {
 pub struct OwnerWake {
     pub dags: UnboundedSender<ObjectRef<AxDag>>,
     pub crons: UnboundedSender<ObjectRef<AxCron>>,
+    /// Tasks whose exit handler (`spec.onExit`) changed.
+    pub tasks: UnboundedSender<ObjectRef<cache::CachedTask>>,
 }
 
 impl OwnerWake {
-    /// Asks for a reconcile of `child`'s controller, if it is a DAG or a cron (dropped if that
-    /// controller stopped).
+    /// Asks for a reconcile of `child`'s controller, if it is a DAG, a cron or a task (dropped if
+    /// that controller stopped).
     pub fn child_changed(&self, child: &impl Resource) {
         let Some(namespace) = child.meta().namespace.as_deref() else {
             return;
@@ -110,6 +112,10 @@ impl OwnerWake {
             } else if is_kind::<AxCron>(owner) {
                 let _ = self
                     .crons
+                    .unbounded_send(ObjectRef::new(&owner.name).within(namespace));
+            } else if is_kind::<crate::api::AxTask>(owner) {
+                let _ = self
+                    .tasks
                     .unbounded_send(ObjectRef::new(&owner.name).within(namespace));
             }
         }
@@ -161,10 +167,11 @@ mod tests {
     }
 
     #[test]
-    fn a_childs_change_wakes_its_controlling_dag_or_cron_only() {
+    fn a_childs_change_wakes_its_controlling_dag_cron_or_task_only() {
         let (dags, mut dags_woken) = futures::channel::mpsc::unbounded();
         let (crons, mut crons_woken) = futures::channel::mpsc::unbounded();
-        let wake = OwnerWake { dags, crons };
+        let (tasks, mut tasks_woken) = futures::channel::mpsc::unbounded();
+        let wake = OwnerWake { dags, crons, tasks };
         let mut child = AxTask::new("c", Default::default());
         child.metadata.namespace = Some("ns".into());
         child.metadata.owner_references = Some(vec![
@@ -184,5 +191,11 @@ mod tests {
         child.metadata.owner_references = Some(vec![owner("ax.dev/v1", "AxCron", "c", true)]);
         wake.child_changed(&child);
         assert_eq!(crons_woken.try_recv().expect("the cron").name, "c");
+        assert!(tasks_woken.try_recv().is_err());
+
+        // An exit handler wakes the task it handles.
+        child.metadata.owner_references = Some(vec![owner("ax.dev/v1alpha1", "AxTask", "t", true)]);
+        wake.child_changed(&child);
+        assert_eq!(tasks_woken.try_recv().expect("the task").name, "t");
     }
 }

@@ -155,6 +155,7 @@ pub async fn run(
         owner_wake: OwnerWake {
             dags: dags_wake,
             crons: crons_wake,
+            tasks: wake.clone(),
         },
         fresh: fresh.clone(),
         pods: pods.clone(),

@@ -14,6 +14,7 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::EventType;
 use tracing::{debug, info, warn};
 
+mod exit;
 mod pods;
 mod report;
 mod template;
@@ -296,6 +297,7 @@ async fn decide_on(
             refused: refused.as_ref(),
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
             template: template.as_ref(),
+            exit_handler: exit::handler_phase(&current, &ctx),
             progress_write_delay: ctx.progress_write_delay,
         };
         let mut decision = core::decide(&inputs, &clock);
@@ -494,6 +496,7 @@ async fn apply(
                 publish(&written, EventType::Warning, reason.as_str(), message, ctx)
             }
             Action::SendCallback => ctx.callbacks.send(written.clone(), ctx.clone()),
+            Action::CreateExitHandler => exit::create_handler(&written, ctx).await?,
             Action::DeleteTask if ctx.tracking.deletion_sent(key) => {}
             Action::DeleteTask => {
                 let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &key.0);

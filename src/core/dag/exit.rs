@@ -29,6 +29,19 @@ pub fn decide(
     recorded: Option<&DagNodeStatus>,
     child: Option<TaskPhase>,
 ) -> OnExit {
+    let child_name = child_name(dag_name, ON_EXIT_TASK);
+    decide_for(&child_name, phase.is_terminal(), recorded, child)
+}
+
+/// Decides on an exit handler run as the child `child_name` — a DAG's, or an AxTask's
+/// (`spec.onExit`) — once its owner has ended (`ended`), from what the owner's status recorded
+/// before and the phase of the child if it exists (or was just created).
+pub fn decide_for(
+    child_name: &str,
+    ended: bool,
+    recorded: Option<&DagNodeStatus>,
+    child: Option<TaskPhase>,
+) -> OnExit {
     let finished = |node: &DagNodeStatus| {
         matches!(
             node.phase,
@@ -41,7 +54,7 @@ pub fn decide(
             create: false,
         };
     }
-    if recorded.is_none() && !phase.is_terminal() {
+    if recorded.is_none() && !ended {
         return OnExit {
             status: None,
             create: false,
@@ -50,7 +63,7 @@ pub fn decide(
     let status = |phase| {
         Some(DagNodeStatus {
             phase,
-            task: Some(child_name(dag_name, ON_EXIT_TASK)),
+            task: Some(child_name.to_owned()),
             items: None,
         })
     };

@@ -158,6 +158,13 @@ pub fn child_vars(
         vars.push(("AX_ITEM", item.to_string()));
         vars.push(("AX_ITEM_INDEX", index.to_string()));
     }
+    if label(crate::api::LABEL_EXIT_OF).is_some()
+        && let Some(task) = field("task")
+    {
+        let text = |key: &str| task.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+        vars.push(("AX_PARENT_TASK", text("name").to_owned()));
+        vars.push(("AX_PARENT_PHASE", text("phase").to_owned()));
+    }
     if label(crate::api::LABEL_DAG_TASK) == Some(exit::ON_EXIT_TASK)
         && let Some(dag) = field("dag")
     {

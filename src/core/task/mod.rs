@@ -9,6 +9,7 @@
 
 mod classify;
 mod conditions;
+pub mod exit;
 mod machine;
 mod observe;
 mod pace;
@@ -101,6 +102,8 @@ pub struct Inputs<'a> {
     /// The AxTaskTemplate the spec was completed from (`core::template`), recorded with the first
     /// status write.
     pub template: Option<&'a TemplateUse>,
+    /// The phase of the task's exit handler (`spec.onExit`), if it exists.
+    pub exit_handler: Option<TaskPhase>,
     /// How long after its dispatch a status that records only progress (dispatched, running) may
     /// wait to be written, so a short attempt costs one status write instead of three (see
     /// [`Decision::write_by`]). Zero writes every change at once.
@@ -133,6 +136,7 @@ impl<'a> Inputs<'a> {
             refused: None,
             callback: None,
             template: None,
+            exit_handler: None,
             progress_write_delay: Duration::ZERO,
         }
     }
@@ -163,6 +167,8 @@ pub enum Action {
     },
     SendCallback,
     DeleteTask,
+    /// Create the exit handler (`spec.onExit`), recorded Pending by the status just written.
+    CreateExitHandler,
 }
 
 /// Where the task stands with its queue.
@@ -507,8 +513,11 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
         if spec.callback.is_some() && !delivered && fenced_pod.is_none() {
             d.actions.push(Action::SendCallback);
         }
+        let handled = exit::decide(d, inputs, fenced_pod.is_none());
+        // The task goes only once its exit handler's end is recorded: the handler goes with it.
         if let (Some(ttl), Some(finished)) = (spec.ttl_seconds_after_finished, d.status.finished_at)
             && fenced_pod.is_none()
+            && handled
         {
             let expires = observe::add_seconds(finished, ttl);
             if now >= expires {

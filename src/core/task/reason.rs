@@ -31,6 +31,8 @@ pub enum Reason {
     /// The main container exited 0 with an output over the limit (`core::output`): the task
     /// succeeded, and its output is not kept.
     OutputTooLarge,
+    /// The exit handler (`spec.onExit`) ended Dead; the task's phase stands.
+    OnExitFailed,
     /// A `retry.rules` entry matched the exit code.
     ExitCodeRule,
     /// Termination message `{"error":"biz"}`.
@@ -94,6 +96,7 @@ impl Reason {
             Completed => "Completed",
             CompletedAfterTimeout => "CompletedAfterTimeout",
             OutputTooLarge => "OutputTooLarge",
+            OnExitFailed => "OnExitFailed",
             ExitCodeRule => "ExitCodeRule",
             BusinessError => "BusinessError",
             SystemError => "SystemError",
@@ -154,7 +157,7 @@ impl Reason {
     }
 
     /// Every reason, for tests and documentation.
-    pub const ALL: [Reason; 38] = {
+    pub const ALL: [Reason; 39] = {
         use Reason::*;
         [
             Queued,
@@ -169,6 +172,7 @@ impl Reason {
             Completed,
             CompletedAfterTimeout,
             OutputTooLarge,
+            OnExitFailed,
             ExitCodeRule,
             BusinessError,
             SystemError,

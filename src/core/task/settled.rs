@@ -95,6 +95,10 @@ impl Settled {
                 if spec.callback.is_some() && !delivered {
                     return None;
                 }
+                // Its exit handler's end is still to be recorded.
+                if spec.on_exit.is_some() && !super::exit::finished(status.on_exit.as_ref()) {
+                    return None;
+                }
                 QueuedAs::Finished
             }
             _ => return None,

@@ -1710,7 +1710,15 @@ fn check(
             Action::SendCallback | Action::DeleteTask => {
                 prop_assert!(new.phase.is_some_and(TaskPhase::is_terminal))
             }
-            Action::Warn { .. } => prop_assert!(new.phase.is_some_and(TaskPhase::has_worker)),
+            Action::CreateExitHandler => {
+                prop_assert!(new.phase.is_some_and(TaskPhase::is_terminal));
+                prop_assert!(spec.on_exit.is_some());
+            }
+            Action::Warn { reason, .. } => prop_assert!(
+                new.phase.is_some_and(TaskPhase::has_worker)
+                    || (*reason == Reason::OnExitFailed
+                        && new.phase.is_some_and(TaskPhase::is_terminal))
+            ),
         }
     }
     // Where the task stands with its queue follows from its phase and pods.

@@ -15,6 +15,9 @@ pub const POD_ANNOTATIONS_MAX_BYTES: usize = 256 * 1024;
 pub enum TaskSpecError {
     #[error("spec.type is required unless spec.templateRef names an AxTaskTemplate that gives it")]
     NoType,
+    /// The exit handler's spec, inline, cannot run.
+    #[error("spec.onExit: {0}")]
+    InvalidExitHandler(String),
     #[error(
         "spec.timeout.softSeconds ({soft}) must be less than spec.timeout.hardSeconds ({hard})"
     )]
@@ -106,7 +109,18 @@ pub fn validate(spec: &AxTaskSpec) -> Result<(), TaskSpecError> {
     if !b.factor.is_finite() || b.factor < 1.0 {
         return Err(TaskSpecError::BackoffFactor(b.factor));
     }
-    validate_rules(&spec.retry.rules)
+    validate_rules(&spec.retry.rules)?;
+    // A handler from a template is checked when it is resolved, as any task.
+    if let Some(handler) = spec.on_exit.as_ref().filter(|h| h.template_ref.is_none())
+        && !handler.template.is_absent()
+        && let Err(e) = validate(&handler.task_spec())
+    {
+        let why = e.to_string();
+        return Err(TaskSpecError::InvalidExitHandler(
+            why.strip_prefix("spec.").unwrap_or(&why).to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 /// Rules that can never apply as written are a mistake: exit code 0 is success, never a failure, and
