@@ -155,6 +155,22 @@ pub fn render(task: &AxTask, pods: &[PodInfo], now: Timestamp) -> String {
     if let Some(output) = &status.output {
         field(&mut out, "Output", output_line(output));
     }
+    if let Some(template) = &status.template {
+        let text = format!(
+            "{} (resourceVersion {})",
+            template.name, template.resource_version
+        );
+        field(&mut out, "Template", text);
+    }
+    if let Some(handler) = &status.on_exit {
+        let phase = serde_json::to_value(handler.phase).unwrap_or_default();
+        let text = format!(
+            "{} {}",
+            handler.task.as_deref().unwrap_or("-"),
+            phase.as_str().unwrap_or_default()
+        );
+        field(&mut out, "Exit handler", text);
+    }
     if let Some(trace) = &status.trace {
         field(&mut out, "Trace", trace_line(trace));
     }
@@ -922,6 +938,24 @@ mod tests {
         suspended.spec.suspend = true;
         let text = render_cron(&suspended, now);
         assert_eq!(value_of(&text, "Next"), "-", "a suspended cron fires never");
+    }
+
+    #[test]
+    fn the_template_and_the_exit_handler_are_shown() {
+        let mut task = dead_task(serde_json::json!([]));
+        let status = task.status.as_mut().expect("status");
+        status.template = Some(crate::api::TemplateUse {
+            name: "resize".into(),
+            resource_version: "42".into(),
+        });
+        status.on_exit = Some(crate::api::DagNodeStatus {
+            phase: crate::api::DagNodePhase::Succeeded,
+            task: Some("flaky-onexit".into()),
+            items: None,
+        });
+        let text = render(&task, &[], at("2025-01-01T00:01:00Z"));
+        assert_eq!(value_of(&text, "Template"), "resize (resourceVersion 42)");
+        assert_eq!(value_of(&text, "Exit handler"), "flaky-onexit Succeeded");
     }
 
     #[test]
