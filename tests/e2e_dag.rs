@@ -758,7 +758,9 @@ async fn outputs_reach_the_dependents_and_an_output_over_the_limit_is_named() {
     assert_eq!(map.phase, DagNodePhase::Dead);
     let message = &map.items.as_ref().expect("items").message;
     assert!(
-        message.contains("the output of task `b` is a string, not a list"),
+        message.contains(
+            "task `map`: forEach.fromOutput: the output of task `b` is a string, not a list"
+        ),
         "{message}"
     );
     let items = children(&client, &ns, "no-list").await;

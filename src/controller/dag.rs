@@ -334,7 +334,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
             let (spec, for_each) = specs.get(task).ok_or(Error::Incomplete("task in spec"))?;
             let item = for_each
                 .as_ref()
-                .and_then(|f| item_of(f, *index, &children, &before))
+                .and_then(|f| item_of(task, f, *index, &children, &before))
                 .ok_or(Error::Incomplete("item in spec"))?;
             Ok(NewChild {
                 key: ChildKey::Item(task.clone(), *index),
@@ -448,7 +448,7 @@ fn check_spec(dag: &AxDag, children: &Children) -> std::result::Result<FanOuts, 
                 ));
             }
         }
-        let output_items = match output_list(for_each, children, recorded) {
+        let output_items = match output_list(&task.name, for_each, children, recorded) {
             None => None,
             Some(Ok(items)) => Some(items.len()),
             Some(Err(why)) => {
@@ -468,9 +468,10 @@ fn check_spec(dag: &AxDag, children: &Children) -> std::result::Result<FanOuts, 
     Ok(fan_outs)
 }
 
-/// The list a `fromOutput` names, once its parent has succeeded (or why there is none); `None`
-/// before, or when `for_each` is no `fromOutput`.
+/// The list the `fromOutput` of `task` names, once its parent has succeeded (or why there is
+/// none); `None` before, or when `for_each` is no `fromOutput`.
 fn output_list<'a>(
+    task: &str,
     for_each: &ForEach,
     children: &'a Children,
     recorded: &AxDagStatus,
@@ -483,7 +484,7 @@ fn output_list<'a>(
             .is_some_and(|node| node.phase == DagNodePhase::Succeeded)
             .then(|| {
                 Err(format!(
-                    "forEach.fromOutput: the child of task `{}` is gone, and its output with it",
+                    "task `{task}`: forEach.fromOutput: the child of task `{}` is gone, and its output with it",
                     from.task
                 ))
             });
@@ -492,17 +493,18 @@ fn output_list<'a>(
         return None;
     }
     let output = parent.status.as_ref().and_then(|s| s.output.as_ref());
-    Some(fanout::output_items(&from.task, from, output))
+    Some(fanout::output_items(task, from, output))
 }
 
-/// Item `index` of a `forEach`: from its list or range, or from its parent's output.
+/// Item `index` of `task`'s `forEach`: from its list or range, or from its parent's output.
 fn item_of(
+    task: &str,
     for_each: &ForEach,
     index: u32,
     children: &Children,
     recorded: &AxDagStatus,
 ) -> Option<serde_json::Value> {
-    match output_list(for_each, children, recorded) {
+    match output_list(task, for_each, children, recorded) {
         Some(list) => list.ok()?.get(usize::try_from(index).ok()?).cloned(),
         None if for_each.from_output.is_some() => None,
         None => for_each.item(index),

@@ -364,6 +364,59 @@ fn a_pod_that_never_appears_times_the_attempt_out_and_retries() {
     assert_eq!(d.status.retries, 1);
 }
 
+/// A pod of attempt 1 whose main container exited 0 with termination message `message`.
+fn exited_writing(message: &str) -> WorkerState {
+    let mut w = pod(1, Exited(0));
+    if let Some(exit) = w.exit.as_mut() {
+        exit.message = message.into();
+    }
+    w
+}
+
+#[test]
+fn a_succeeded_workers_termination_message_is_its_output_up_to_the_limit() {
+    let s = spec();
+    let d = at(
+        &s,
+        &running(&s),
+        &[exited_writing("{\"rows\": 12}\n")],
+        t(5),
+    );
+    assert_eq!(d.status.output, Some(serde_json::json!({"rows": 12})));
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Succeeded, Reason::Completed)]
+    );
+
+    let big = "x".repeat(crate::core::output::TERMINATION_MESSAGE_KEPT_BYTES);
+    let d = at(&s, &running(&s), &[exited_writing(&big)], t(5));
+    assert_eq!(d.status.output, None);
+    assert_eq!(
+        path(&d),
+        vec![row(Some(Running), Succeeded, Reason::OutputTooLarge)],
+        "over the limit the task still succeeds, saying why its output is missing"
+    );
+    assert!(
+        d.status
+            .history
+            .last()
+            .unwrap()
+            .message
+            .contains("over 4095 bytes")
+    );
+}
+
+#[test]
+fn a_failed_workers_termination_message_is_no_output() {
+    let s = spec();
+    let mut failed = pod(1, Exited(1));
+    if let Some(exit) = failed.exit.as_mut() {
+        exit.message = "{\"rows\": 12}".into();
+    }
+    let d = at(&s, &running(&s), &[failed], t(5));
+    assert_eq!(d.status.output, None);
+}
+
 #[test]
 fn running_task_succeeds_when_the_main_container_exits_zero() {
     let s = spec();
