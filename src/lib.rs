@@ -20,3 +20,5 @@ pub mod yaml;
 mod module_import_tests;
 #[cfg(test)]
 mod schema_tests;
+#[cfg(test)]
+mod test_heap;
