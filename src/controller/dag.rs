@@ -20,6 +20,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use super::expected::{EXPECTATION_TTL, Expected, Sight};
+use super::owner_index::is_controlled_by;
 use super::write::{self, ApiError};
 use super::{Ctx, Error, FIELD_MANAGER, Result, cache};
 use crate::api::{
@@ -722,7 +723,7 @@ fn owned_children(dag: &AxDag, uid: &str, ctx: &Ctx) -> Children {
     let owned = keys
         .iter()
         .filter_map(|key| ctx.tasks.get(&key.object_ref())?.child().cloned())
-        .filter(|child| child.namespace() == namespace && is_controlled_by(child, uid));
+        .filter(|child| child.namespace() == namespace && is_controlled_by(child.as_ref(), uid));
     for child in owned {
         let task = match child.labels().get(LABEL_DAG_TASK) {
             Some(task) => task.clone(),
@@ -743,13 +744,6 @@ fn owned_children(dag: &AxDag, uid: &str, ctx: &Ctx) -> Children {
         }
     }
     children
-}
-
-fn is_controlled_by(child: &AxTask, uid: &str) -> bool {
-    child
-        .owner_references()
-        .iter()
-        .any(|owner| owner.uid == uid && owner.controller == Some(true))
 }
 
 /// Adds the children this process created that the cache does not show yet to `phases` and

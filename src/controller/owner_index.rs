@@ -15,6 +15,13 @@ use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
+/// Whether `child`'s controller (its owner reference with `controller: true`) has uid `uid`.
+pub fn is_controlled_by<K: Resource>(child: &K, uid: &str) -> bool {
+    kube::ResourceExt::owner_references(child)
+        .iter()
+        .any(|owner| owner.uid == uid && owner.controller == Some(true))
+}
+
 /// A child's place in its store.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ChildKey {

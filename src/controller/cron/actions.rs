@@ -16,8 +16,8 @@ use crate::core::cron::status::{ChildKind, ChildState, Outcome};
 use crate::core::cron::{self as core, Decision, Finished};
 use crate::core::trace::{self, TRACELINK_ANNOTATION};
 
-use super::children::is_controlled_by;
 use super::events::publish;
+use crate::controller::owner_index::is_controlled_by;
 
 pub(super) enum Created {
     Yes,

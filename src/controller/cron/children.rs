@@ -9,6 +9,7 @@ use kube::{Resource, ResourceExt};
 use crate::api::{AxCron, DagPhase, LABEL_SCHEDULED_TIME, TaskPhase};
 use crate::controller::Ctx;
 use crate::controller::expected::Sight;
+use crate::controller::owner_index::is_controlled_by;
 use crate::core::cron as core;
 use crate::core::cron::status::{ChildKind, ChildState, Outcome};
 use crate::core::task::is_final;
@@ -129,13 +130,6 @@ pub(super) fn add_expected(
         }
         children.sort_by(|a, b| a.scheduled.cmp(&b.scheduled).then(a.name.cmp(&b.name)));
     }
-}
-
-pub(super) fn is_controlled_by<K: Resource>(child: &K, uid: &str) -> bool {
-    child
-        .owner_references()
-        .iter()
-        .any(|owner| owner.uid == uid && owner.controller == Some(true))
 }
 
 /// From the `ax.dev/scheduled-time` label, else from the name's suffix.

@@ -7,6 +7,7 @@ use kube::{Resource, ResourceExt};
 use std::collections::BTreeMap;
 use tracing::debug;
 
+use super::super::owner_index::is_controlled_by;
 use super::super::write::ApiError;
 use super::super::{Ctx, Error, FIELD_MANAGER, Result};
 use crate::api::{AxTask, LABEL_EXIT_OF, TaskPhase};
@@ -24,11 +25,7 @@ pub fn handler_phase(task: &AxTask, ctx: &Ctx) -> Option<TaskPhase> {
         .tasks
         .get(&ObjectRef::new(&name).within(&task.namespace()?))?;
     let handler = cached.child()?;
-    let ours = handler
-        .owner_references()
-        .iter()
-        .any(|o| o.uid == uid && o.controller == Some(true));
-    ours.then(|| child_phase(handler))
+    is_controlled_by(handler.as_ref(), &uid).then(|| child_phase(handler))
 }
 
 /// Creates `task`'s exit handler (a second create finds the first).
