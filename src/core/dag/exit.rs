@@ -107,10 +107,7 @@ pub fn spec(spec: &AxTaskSpec, dag_name: &str, status: &AxDagStatus) -> AxTaskSp
         "progress": status.progress,
         "nodes": nodes,
     });
-    let vars = [
-        ("AX_DAG", dag_name.to_owned()),
-        ("AX_DAG_PHASE", phase.as_str().to_owned()),
-    ];
+    let vars = super::dag_vars(dag_name.to_owned(), phase.as_str().to_owned());
     super::child_spec(spec, vec![("dag", summary)], &vars)
 }
 

@@ -324,10 +324,7 @@ pub fn item_child_name(dag_name: &str, task: &str, index: u32) -> String {
 /// (a payload that is no object is kept under `payload`), and whose containers get env `AX_ITEM`
 /// (the item as JSON) and `AX_ITEM_INDEX`. A variable the template sets itself wins.
 pub fn item_spec(spec: &AxTaskSpec, index: u32, item: serde_json::Value) -> AxTaskSpec {
-    let vars = [
-        ("AX_ITEM", item.to_string()),
-        ("AX_ITEM_INDEX", index.to_string()),
-    ];
+    let vars = super::item_vars(&item, index);
     let fields = vec![("item", item), ("itemIndex", index.into())];
     super::child_spec(spec, fields, &vars)
 }

@@ -152,27 +152,50 @@ pub fn child_vars(
     let label = |name: &str| labels.and_then(|l| l.get(name)).map(String::as_str);
     let field = |name: &str| payload.and_then(|p| p.get(name));
     let mut vars = Vec::new();
+    let text = |summary: &serde_json::Value, key: &str| {
+        summary
+            .get(key)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
     if label(crate::api::LABEL_DAG_ITEM).is_some()
         && let (Some(item), Some(index)) = (field("item"), field("itemIndex"))
     {
-        vars.push(("AX_ITEM", item.to_string()));
-        vars.push(("AX_ITEM_INDEX", index.to_string()));
+        vars.extend(item_vars(item, index));
     }
     if label(crate::api::LABEL_EXIT_OF).is_some()
         && let Some(task) = field("task")
     {
-        let text = |key: &str| task.get(key).and_then(|v| v.as_str()).unwrap_or_default();
-        vars.push(("AX_PARENT_TASK", text("name").to_owned()));
-        vars.push(("AX_PARENT_PHASE", text("phase").to_owned()));
+        vars.extend(parent_vars(text(task, "name"), text(task, "phase")));
     }
     if label(crate::api::LABEL_DAG_TASK) == Some(exit::ON_EXIT_TASK)
         && let Some(dag) = field("dag")
     {
-        let text = |key: &str| dag.get(key).and_then(|v| v.as_str()).unwrap_or_default();
-        vars.push(("AX_DAG", text("name").to_owned()));
-        vars.push(("AX_DAG_PHASE", text("phase").to_owned()));
+        vars.extend(dag_vars(text(dag, "name"), text(dag, "phase")));
     }
     vars
+}
+
+/// The env of a `forEach` item's worker: its item as JSON and its index.
+pub(crate) fn item_vars(
+    item: &serde_json::Value,
+    index: impl std::fmt::Display,
+) -> [(&'static str, String); 2] {
+    [
+        ("AX_ITEM", item.to_string()),
+        ("AX_ITEM_INDEX", index.to_string()),
+    ]
+}
+
+/// The env of a DAG's exit handler's worker: the DAG and its phase.
+pub(crate) fn dag_vars(dag: String, phase: String) -> [(&'static str, String); 2] {
+    [("AX_DAG", dag), ("AX_DAG_PHASE", phase)]
+}
+
+/// The env of an AxTask's exit handler's worker: the task and its phase.
+pub(crate) fn parent_vars(task: String, phase: String) -> [(&'static str, String); 2] {
+    [("AX_PARENT_TASK", task), ("AX_PARENT_PHASE", phase)]
 }
 
 /// The name of the child AxTask that runs `task` of DAG `dag_name`.

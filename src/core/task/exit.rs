@@ -72,10 +72,7 @@ pub fn handler_spec(handler: &ExitHandlerSpec, task: &str, status: &AxTaskStatus
     if let Some(output) = &status.output {
         summary["output"] = output.clone();
     }
-    let vars = [
-        ("AX_PARENT_TASK", task.to_owned()),
-        ("AX_PARENT_PHASE", phase.to_owned()),
-    ];
+    let vars = crate::core::dag::parent_vars(task.to_owned(), phase.to_owned());
     crate::core::dag::child_spec(&handler.task_spec(), vec![("task", summary)], &vars)
 }
 
