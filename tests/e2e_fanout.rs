@@ -4,15 +4,16 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ax::api::{AxDag, AxTask, DagItemsStatus, DagNodePhase, DagPhase, TaskPhase};
 use common::sim::{SimWorker, sim_task_spec};
 use common::*;
 use futures::StreamExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
@@ -134,6 +135,30 @@ async fn create_dag(client: &Client, ns: &str, dag: serde_json::Value) {
         .expect("create dag");
 }
 
+/// Waits until the worker pods in `ns` whose names start with `prefix` are `want`.
+async fn wait_pods(client: &Client, ns: &str, prefix: &str, want: &BTreeSet<String>) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left: BTreeSet<String> = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=worker"))
+            .await
+            .expect("pods")
+            .into_iter()
+            .map(|p| p.name_any())
+            .filter(|name| name.starts_with(prefix))
+            .collect();
+        if left == *want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker pods {prefix}* left are {left:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 async fn wait_dag(client: &Client, ns: &str, name: &str, want: DagPhase) -> AxDag {
     wait_for(client, ns, name, Duration::from_secs(600), |d: &AxDag| {
         dag_phase(d) == Some(want)
@@ -244,6 +269,9 @@ async fn a_range_of_two_thousand_items_runs_under_its_parallelism_and_the_dag_st
         "an item was queued before split ended"
     );
 
+    // Succeeded items keep no pod.
+    wait_pods(&client, &ns, "orders-map-", &BTreeSet::new()).await;
+
     let seen = seen.lock().unwrap();
     eprintln!(
         "largest AxDag: {} bytes; most items at work at once: {}",
@@ -339,6 +367,15 @@ async fn failed_items_are_tolerated_up_to_max_failed_items_and_then_fail_the_dag
             "failedIndexes": "3,17-18", "outputs": 0}),
         "a fan-out gives its dependents its counts"
     );
+    // A succeeded item's worker pod goes once its success is recorded; a failed item's stays, for
+    // its logs, and so does the pod of a task that is no item.
+    let want: BTreeSet<String> = ["tolerant-map-3-1", "tolerant-map-17-1", "tolerant-map-18-1"]
+        .map(String::from)
+        .into();
+    wait_pods(&client, &ns, "tolerant-map-", &want).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let split_pod = pods.get_opt("tolerant-split-1").await.expect("read");
+    assert!(split_pod.is_some(), "the pod of a task that is no item stays");
 
     let strict = wait_dag(&client, &ns, "strict", DagPhase::Failed).await;
     let counts = items(&strict, "map");

@@ -259,8 +259,8 @@ impl WorkerState {
     }
 
     /// A pod that is done and asks nothing more: terminal and not being deleted. Decisions leave
-    /// such a pod as it is (it goes with its task); its outcome finalizer comes off when it is
-    /// deleted.
+    /// such a pod as it is (it goes with its task; a succeeded fan-out item's goes at once); its
+    /// outcome finalizer comes off when it is deleted.
     pub fn is_inert(&self) -> bool {
         !self.is_running_phase() && !self.deleting && self.uid.is_some()
     }

@@ -298,6 +298,7 @@ async fn decide_on(
             callback: callback.as_ref().map(|(r, m)| (*r, m.as_str())),
             template: template.as_ref(),
             exit_handler: exit::handler_phase(&current, &ctx),
+            fan_out_item: core::is_fan_out_item(&current),
             progress_write_delay: ctx.progress_write_delay,
         };
         let mut decision = core::decide(&inputs, &clock);

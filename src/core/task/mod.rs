@@ -104,6 +104,9 @@ pub struct Inputs<'a> {
     pub template: Option<&'a TemplateUse>,
     /// The phase of the task's exit handler (`spec.onExit`), if it exists.
     pub exit_handler: Option<TaskPhase>,
+    /// The task is an item of a DAG's `forEach` ([`is_fan_out_item`]): its pods go once its
+    /// success is recorded.
+    pub fan_out_item: bool,
     /// How long after its dispatch a status that records only progress (dispatched, running) may
     /// wait to be written, so a short attempt costs one status write instead of three (see
     /// [`Decision::write_by`]). Zero writes every change at once.
@@ -137,9 +140,19 @@ impl<'a> Inputs<'a> {
             callback: None,
             template: None,
             exit_handler: None,
+            fan_out_item: false,
             progress_write_delay: Duration::ZERO,
         }
     }
+}
+
+/// Whether `task` is an item of a DAG's `forEach`: labeled with its index and controlled by its
+/// DAG.
+pub fn is_fan_out_item(task: &crate::api::AxTask) -> bool {
+    let labels = task.metadata.labels.as_ref();
+    let owners = task.metadata.owner_references.iter().flatten();
+    labels.is_some_and(|l| l.contains_key(crate::api::LABEL_DAG_ITEM))
+        && owners.into_iter().any(|o| o.controller == Some(true))
 }
 
 /// A side effect for the controller to perform after the status is written.
@@ -147,8 +160,9 @@ impl<'a> Inputs<'a> {
 pub enum Action {
     /// Create the worker pod of `status.attempt` (its name is deterministic).
     CreatePod,
-    /// Delete a pod that should not run, preconditioned on its uid. `keep_outcome`: put
-    /// `worker::OUTCOME_FINALIZER` on it first, so its last status can be read.
+    /// Delete a pod that should not run (or a succeeded fan-out item's ended pod), preconditioned
+    /// on its uid. `keep_outcome`: put `worker::OUTCOME_FINALIZER` on it first, so its last status
+    /// can be read.
     KillPod {
         name: String,
         uid: String,
@@ -532,13 +546,26 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
 
 /// Kills, as a level: every pod that should not run and may still run is deleted (again, with a
 /// shorter grace if it is being deleted with a longer one), and the outcome finalizer comes off
-/// every pod whose outcome can now be read.
+/// every pod whose outcome can now be read. A fan-out item's ended pods are deleted once it has
+/// Succeeded (actions follow the status write, so its outcome and output are recorded first): a
+/// `forEach` of 100,000 items would otherwise leave 100,000 pods in etcd and in the operator's
+/// cache, and nothing reads them again. A failed item keeps its pods, for its logs.
 fn stop_pods(d: &mut Decision, inputs: &Inputs, now: Timestamp) {
+    let remove_ended = inputs.fan_out_item && d.status.phase == Some(TaskPhase::Succeeded);
     for pod in inputs.pods {
         let Some(uid) = pod.uid.clone() else {
             // Created a moment ago and not seen yet: it is handled once the cache shows it.
             continue;
         };
+        if remove_ended && pod.is_inert() {
+            d.actions.push(Action::KillPod {
+                name: pod.name.clone(),
+                uid,
+                grace_seconds: None,
+                keep_outcome: false,
+            });
+            continue;
+        }
         if pod.outcome_finalizer && pod.deleting {
             match outcome_release(pod, &d.status, now) {
                 Release::Now => d.actions.push(Action::RemoveFinalizer {

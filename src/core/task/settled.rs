@@ -57,6 +57,8 @@ pub struct Settled {
     pub queued: QueuedAs,
     /// Final: when `ttlSecondsAfterFinished` deletes it.
     pub expires: Option<Timestamp>,
+    /// A fan-out item that Succeeded: its ended pods are to be deleted (see `decide`).
+    pub removes_pods: bool,
 }
 
 /// A look at a settled task that changes nothing.
@@ -131,6 +133,7 @@ impl Settled {
             next_attempt_at: status.next_attempt_at,
             queued,
             expires,
+            removes_pods: phase == TaskPhase::Succeeded && super::is_fan_out_item(task),
         })
     }
 
@@ -154,6 +157,9 @@ impl Settled {
             pods.is_empty()
         };
         if generation != self.observed_generation || !pods_inert {
+            return None;
+        }
+        if self.removes_pods && !pods.is_empty() {
             return None;
         }
         if self.phase.is_terminal() {

@@ -2309,6 +2309,90 @@ fn task_of(spec: &AxTaskSpec, status: &AxTaskStatus) -> crate::api::AxTask {
     task
 }
 
+/// [`task_of`], as item 7 of DAG `orders`'s `forEach` task `map`.
+fn item_of(spec: &AxTaskSpec, status: &AxTaskStatus) -> crate::api::AxTask {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let mut task = task_of(spec, status);
+    task.metadata.labels = Some(
+        [
+            (crate::api::LABEL_DAG, "orders"),
+            (crate::api::LABEL_DAG_TASK, "map"),
+            (crate::api::LABEL_DAG_ITEM, "7"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    task.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "ax.dev/v1alpha1".into(),
+        kind: "AxDag".into(),
+        name: "orders".into(),
+        uid: "dag-uid".into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    task
+}
+
+#[test]
+fn a_succeeded_fan_out_items_ended_pods_go_after_its_status_a_failed_items_stay() {
+    let s = spec();
+    let item = |d: &mut Inputs| d.fan_out_item = true;
+    let kills = |d: &Decision| {
+        d.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::KillPod {
+                    name,
+                    grace_seconds: None,
+                    keep_outcome: false,
+                    ..
+                } => Some(name.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    // The decision that records the success deletes the pod: its actions follow the write.
+    let done = decide_with(&s, &running(&s), &[pod(1, Exited(0))], t(5), item);
+    assert_eq!(done.status.phase, Some(Succeeded));
+    assert_eq!(kills(&done), vec![pod(1, Exited(0)).name]);
+    // Recorded, with the pod still there (its deletion failed, or a restart): deleted again; being
+    // deleted or gone: nothing more, and the settled facts agree.
+    let again = decide_with(&s, &done.status, &[pod(1, Exited(0))], t(6), item);
+    assert_eq!(again.status, done.status);
+    assert_eq!(kills(&again), vec![pod(1, Exited(0)).name]);
+    let mut deleting = pod(1, Exited(0));
+    deleting.deleting = true;
+    let after = decide_with(&s, &done.status, &[deleting.clone()], t(6), item);
+    assert!(after.actions.is_empty(), "{:?}", after.actions);
+    let settled = Settled::of(&item_of(&s, &done.status), true).expect("settled");
+    assert!(settled.removes_pods);
+    assert_eq!(
+        settled.idle(Some(1), false, None, None, &[pod(1, Exited(0))], t(6)),
+        None
+    );
+    assert!(
+        settled
+            .idle(Some(1), false, None, None, &[], t(6))
+            .is_some()
+    );
+    // Not an item, or an item that failed: its pods stay, for their logs.
+    assert!(kills(&at(&s, &running(&s), &[pod(1, Exited(0))], t(5))).is_empty());
+    assert!(
+        !Settled::of(&task_of(&s, &done.status), true)
+            .unwrap()
+            .removes_pods
+    );
+    let mut once = s.clone();
+    once.retry.max_retries = 0;
+    let dead = decide_with(&once, &running(&once), &[pod(1, Exited(1))], t(5), item);
+    assert_eq!(dead.status.phase, Some(Dead));
+    assert!(kills(&dead).is_empty());
+    // While it runs, nothing of this: the worker is not stopped.
+    let live = decide_with(&s, &running(&s), &[pod(1, Run)], t(5), item);
+    assert!(kills(&live).is_empty());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
 
@@ -2323,10 +2407,11 @@ proptest! {
         other_held in arb_held(),
         same_held in prop::bool::weighted(0.6),
         spec_changed in prop::bool::weighted(0.1),
+        fan_out_item in prop::bool::weighted(0.3),
     ) {
         let held = if same_held { last_held } else { other_held };
         let now = t(now);
-        let task = task_of(&spec, &status);
+        let task = if fan_out_item { item_of(&spec, &status) } else { task_of(&spec, &status) };
         let valid = validate(&spec).is_ok();
         let Some(settled) = Settled::of(&task, valid) else {
             return Ok(());
@@ -2342,6 +2427,7 @@ proptest! {
         inputs.generation = generation;
         inputs.granted = granted;
         inputs.held = held_ref;
+        inputs.fan_out_item = fan_out_item;
         let d = decide(&inputs, &clock(now));
         prop_assert_eq!(&d.status, &status);
         prop_assert!(d.actions.is_empty(), "{:?}", d.actions);
