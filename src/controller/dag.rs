@@ -19,6 +19,7 @@ use kube::runtime::{Controller, watcher};
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::cache::CachedTask;
 use super::expected::{EXPECTATION_TTL, Expected, Sight};
 use super::owner_index::is_controlled_by;
 use super::write::{self, ApiError};
@@ -32,7 +33,7 @@ use crate::core::dag::exit::{self, ON_EXIT_TASK};
 use crate::core::dag::fanout::{self, FanOut};
 use crate::core::dag::inputs::{self, ParentResult};
 use crate::core::dag::status::{
-    child_phase, graph_status, invalid_status, recorded_as, remember_finished_children,
+    graph_status, invalid_status, recorded_as, remember_finished_children,
 };
 use crate::core::dag::{self as core, DagNode};
 use crate::core::trace::{self, TRACELINK_ANNOTATION, TRACEPARENT_ANNOTATION};
@@ -224,7 +225,7 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
                 .iter()
                 .any(|n| matches!(n.phase, DagNodePhase::Dead | DagNodePhase::Canceled)));
     let mut create_items: Vec<(String, u32)> = Vec::new();
-    let mut cancel_items: Vec<&Arc<AxTask>> = Vec::new();
+    let mut cancel_items: Vec<&Arc<CachedTask>> = Vec::new();
     for (task, step) in &mut steps {
         if !stopped {
             // The status then counts them at work.
@@ -388,10 +389,10 @@ pub async fn reconcile(dag: Arc<AxDag>, ctx: Ctx) -> Result<Requeue> {
     // until the DAG ends: its dependents get it as input when they are created.
     let dag_ended = status.phase.is_some_and(DagPhase::is_terminal);
     let recorded = children.tasks.iter().filter(|(task, child)| {
-        if has_output(child) && !dag_ended {
+        if child.has_output() && !dag_ended {
             return false;
         }
-        let phase = child_phase(child);
+        let phase = child.child_phase();
         let node = match dag.spec.on_exit.is_some() && *task == ON_EXIT_TASK {
             true => status.on_exit.as_ref(),
             false => status.nodes.get(*task),
@@ -490,11 +491,10 @@ fn output_list<'a>(
                 ))
             });
     };
-    if child_phase(parent) != TaskPhase::Succeeded {
+    if parent.child_phase() != TaskPhase::Succeeded {
         return None;
     }
-    let output = parent.status.as_ref().and_then(|s| s.output.as_ref());
-    Some(fanout::output_items(task, from, output))
+    Some(fanout::output_items(task, from, parent.output()))
 }
 
 /// Item `index` of `task`'s `forEach`: from its list or range, or from its parent's output.
@@ -527,24 +527,15 @@ fn parent_result<'a>(
             let outputs = item_children
                 .into_iter()
                 .flat_map(BTreeMap::values)
-                .filter(|child| child_phase(child) == TaskPhase::Succeeded && has_output(child))
+                .filter(|child| child.child_phase() == TaskPhase::Succeeded && child.has_output())
                 .count();
             ParentResult::Items {
                 status,
                 outputs: u32::try_from(outputs).unwrap_or(u32::MAX),
             }
         }
-        (None, _) => ParentResult::Task(
-            children
-                .tasks
-                .get(parent)
-                .and_then(|child| child.status.as_ref()?.output.as_ref()),
-        ),
+        (None, _) => ParentResult::Task(children.tasks.get(parent).and_then(|c| c.output())),
     }
-}
-
-fn has_output(child: &AxTask) -> bool {
-    child.status.as_ref().is_some_and(|s| s.output.is_some())
 }
 
 /// Which child of the DAG: the one of a task, or one item's of a `forEach` task.
@@ -697,13 +688,14 @@ struct RawDagTask<'a> {
 /// The children of a DAG.
 struct Children {
     /// Of the tasks that run once, by task name.
-    tasks: HashMap<String, Arc<AxTask>>,
-    /// Of the `forEach` tasks, by task name and item index.
-    items: HashMap<String, BTreeMap<u32, Arc<AxTask>>>,
+    tasks: HashMap<String, Arc<CachedTask>>,
+    /// Of the `forEach` tasks, by task name and item index (a finished item is settled: see
+    /// `cache::ItemFacts`).
+    items: HashMap<String, BTreeMap<u32, Arc<CachedTask>>>,
 }
 
 impl Children {
-    fn all(&self) -> impl Iterator<Item = &Arc<AxTask>> {
+    fn all(&self) -> impl Iterator<Item = &Arc<CachedTask>> {
         let items = self.items.values().flat_map(BTreeMap::values);
         self.tasks.values().chain(items)
     }
@@ -722,17 +714,19 @@ fn owned_children(dag: &AxDag, uid: &str, ctx: &Ctx) -> Children {
     let keys = ctx.tasks_by_owner.children_of(uid);
     let owned = keys
         .iter()
-        .filter_map(|key| ctx.tasks.get(&key.object_ref())?.child().cloned())
+        .filter_map(|key| ctx.tasks.get(&key.object_ref()))
+        .filter(|child| child.is_child())
         .filter(|child| child.namespace() == namespace && is_controlled_by(child.as_ref(), uid));
     for child in owned {
-        let task = match child.labels().get(LABEL_DAG_TASK) {
-            Some(task) => task.clone(),
+        let (task, item) = child.dag_place();
+        let task = match task {
+            Some(task) => task.to_owned(),
             None => match child.name_any().strip_prefix(&prefix) {
                 Some(task) => task.to_owned(),
                 None => continue,
             },
         };
-        match child.labels().get(LABEL_DAG_ITEM).map(|i| i.parse::<u32>()) {
+        match item {
             Some(Ok(index)) => {
                 children.items.entry(task).or_default().insert(index, child);
             }
@@ -767,23 +761,24 @@ fn fill_in_expected(
 }
 
 fn child_phases<'a, K: Clone + 'a, C: FromIterator<(K, TaskPhase)>>(
-    children: impl IntoIterator<Item = (&'a K, &'a Arc<AxTask>)>,
+    children: impl IntoIterator<Item = (&'a K, &'a Arc<CachedTask>)>,
 ) -> C {
     children
         .into_iter()
-        .map(|(key, child)| (key.clone(), child_phase(child)))
+        .map(|(key, child)| (key.clone(), child.child_phase()))
         .collect()
 }
 
 /// Takes the finalizer off children being deleted.
 async fn free_children<'a>(
     dag: &AxDag,
-    children: impl Iterator<Item = &'a Arc<AxTask>>,
+    children: impl Iterator<Item = &'a Arc<CachedTask>>,
     ctx: &Ctx,
 ) -> Result<()> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
-    for child in children {
+    // A child being deleted is never settled: it is here whole.
+    for child in children.filter_map(|child| child.whole()) {
         if child.metadata.deletion_timestamp.is_some() && has_finalizer(child) {
             write::remove_finalizer(&api, child.as_ref(), CHILD_FINALIZER).await?;
             debug!(
@@ -813,8 +808,9 @@ async fn start_rerun(
     }
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<AxTask> = Api::namespaced(ctx.client.clone(), &namespace);
-    let failed =
-        |child: &AxTask| matches!(child_phase(child), TaskPhase::Dead | TaskPhase::Canceled);
+    let failed = |child: &Arc<CachedTask>| {
+        matches!(child.child_phase(), TaskPhase::Dead | TaskPhase::Canceled)
+    };
     for (task, node) in before.nodes.iter_mut() {
         if matches!(node.phase, DagNodePhase::Succeeded) {
             continue;
@@ -849,10 +845,13 @@ async fn start_rerun(
     Ok(asked)
 }
 
-async fn ask_rerun(api: &Api<AxTask>, child: &AxTask) -> Result<()> {
+async fn ask_rerun(api: &Api<AxTask>, child: &CachedTask) -> Result<()> {
+    let rerun = child
+        .rerun()
+        .ok_or(Error::Incomplete("the child's spec.rerun"))?;
     let patch = Patch::Merge(serde_json::json!({
         "metadata": {"resourceVersion": child.resource_version()},
-        "spec": {"rerun": child.spec.rerun + 1, "cancel": false},
+        "spec": {"rerun": rerun + 1, "cancel": false},
     }));
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -945,7 +944,7 @@ async fn create_child(
 /// created a moment ago and not in the cache yet is canceled by the next reconcile.)
 async fn cancel_children<'a>(
     dag: &AxDag,
-    children: impl Iterator<Item = &'a Arc<AxTask>>,
+    children: impl Iterator<Item = &'a Arc<CachedTask>>,
     ctx: &Ctx,
 ) -> Result<()> {
     let namespace = dag.namespace().ok_or(Error::Incomplete("namespace"))?;
@@ -955,15 +954,7 @@ async fn cancel_children<'a>(
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
-    for child in children {
-        let terminal = child
-            .status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(TaskPhase::is_terminal);
-        if child.spec.cancel || terminal {
-            continue;
-        }
+    for child in children.filter(|child| child.may_be_canceled()) {
         match api.patch(&child.name_any(), &params, &patch).await {
             Ok(_) => debug!(child = child.name_any(), "child canceled"),
             Err(e) if ApiError::of(&e) == ApiError::NotFound => {}
