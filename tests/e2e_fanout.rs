@@ -375,7 +375,10 @@ async fn failed_items_are_tolerated_up_to_max_failed_items_and_then_fail_the_dag
     wait_pods(&client, &ns, "tolerant-map-", &want).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let split_pod = pods.get_opt("tolerant-split-1").await.expect("read");
-    assert!(split_pod.is_some(), "the pod of a task that is no item stays");
+    assert!(
+        split_pod.is_some(),
+        "the pod of a task that is no item stays"
+    );
 
     let strict = wait_dag(&client, &ns, "strict", DagPhase::Failed).await;
     let counts = items(&strict, "map");

@@ -87,8 +87,15 @@ async fn find_pod(ctx: &Ctx, task: &AxTask, attempt: i32) -> Result<Pod, ClientE
             return Ok(pod);
         }
     }
+    // A succeeded `forEach` item's pod is deleted at once (docs/dags.md): say so, not just "gone".
+    let why = match crate::core::task::is_fan_out_item(task)
+        && task.status.as_ref().and_then(|s| s.phase) == Some(crate::api::TaskPhase::Succeeded)
+    {
+        true => " (a forEach item's pod is deleted once it has succeeded)",
+        false => "",
+    };
     Err(ClientError::NotMet(format!(
-        "the pod of attempt {attempt} of axtask/{} ({}) is gone, and its logs with it",
+        "the pod of attempt {attempt} of axtask/{} ({}) is gone, and its logs with it{why}",
         task.name_any(),
         candidates.first().cloned().unwrap_or_default()
     )))
