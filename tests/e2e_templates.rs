@@ -11,9 +11,22 @@ use std::time::Duration;
 use ax::api::{AxDag, AxTask, AxTaskTemplate, DagPhase, Priority, TaskPhase};
 use common::*;
 use cron_support::*;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+
+/// Pod `name` in `ns` as a watch started now first sees it (`None` if the watch ends first).
+fn seen_pod(client: &Client, ns: &str, name: &str) -> tokio::task::JoinHandle<Option<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let stream = watcher(pods, config).default_backoff().applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        stream.next().await.and_then(Result::ok)
+    })
+}
 
 /// An AxTaskTemplate of type `sim-templated` whose worker runs `millis` on a simulated node.
 fn template(name: &str, millis: u64) -> AxTaskTemplate {
@@ -87,6 +100,8 @@ async fn a_task_a_dag_task_and_a_crons_task_run_from_one_template() {
         ]},
     }))
     .expect("an AxDag");
+    // A succeeded item's pod is deleted at once: its first sight is kept.
+    let item_pod = seen_pod(&client, &ns, "flow-each-1-1");
     let dags: Api<AxDag> = Api::namespaced(client.clone(), &ns);
     dags.create(&PostParams::default(), &dag)
         .await
@@ -128,8 +143,11 @@ async fn a_task_a_dag_task_and_a_crons_task_run_from_one_template() {
         dag.status.as_ref().map(|s| s.progress.clone()),
         Some(Some("2/2".into()))
     );
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let item = pods.get("flow-each-1-1").await.expect("item 1's pod");
+    let item = tokio::time::timeout(LONG, item_pod)
+        .await
+        .expect("item 1's pod never seen")
+        .expect("the watch")
+        .expect("item 1's pod");
     assert_eq!(
         env_of(&item, "AX_ITEM").as_deref(),
         Some("\"b\""),
