@@ -182,7 +182,7 @@ impl CachedTask {
     /// What the controller's cache keeps of `task`, already reduced by [`task`].
     pub fn of(task: AxTask) -> CachedTask {
         let place = item_place(&task);
-        if has_controller(&task) && place.is_none() {
+        if core::has_controller(&task) && place.is_none() {
             return CachedTask::Whole(Arc::new(task));
         }
         let valid = spec_error(&task).is_none();
@@ -223,13 +223,13 @@ impl CachedTask {
     /// controller. A DAG reads its children through [`CachedTask::is_child`] and the accessors
     /// below, which serve settled items too.
     pub fn child(&self) -> Option<&Arc<AxTask>> {
-        self.whole().filter(|task| has_controller(task))
+        self.whole().filter(|task| core::has_controller(task))
     }
 
     /// Whether it is some object's child: whole with a controller, or a settled item.
     pub fn is_child(&self) -> bool {
         match self {
-            CachedTask::Whole(task) => has_controller(task),
+            CachedTask::Whole(task) => core::has_controller(task),
             CachedTask::Settled(s) => s.item.is_some(),
         }
     }
@@ -246,7 +246,7 @@ impl CachedTask {
     /// Whether it wrote an output.
     pub fn has_output(&self) -> bool {
         match self {
-            CachedTask::Whole(task) => task.status.as_ref().is_some_and(|s| s.output.is_some()),
+            CachedTask::Whole(_) => self.output().is_some(),
             CachedTask::Settled(s) => s.item.as_ref().is_some_and(|i| i.has_output),
         }
     }
@@ -372,14 +372,6 @@ fn item_place(task: &AxTask) -> Option<(&str, u32)> {
     let labels = task.metadata.labels.as_ref()?;
     let index = labels.get(LABEL_DAG_ITEM)?.parse().ok()?;
     Some((labels.get(LABEL_DAG_TASK)?, index))
-}
-
-/// Whether `task` is some object's child (a DAG's or a cron's).
-fn has_controller(task: &AxTask) -> bool {
-    let owners = task.metadata.owner_references.iter().flatten();
-    owners
-        .into_iter()
-        .any(|owner| owner.controller == Some(true))
 }
 
 /// Read as an AxTask and kept as the cache keeps it (kube's controller asks for it; the cache is

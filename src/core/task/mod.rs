@@ -150,9 +150,14 @@ impl<'a> Inputs<'a> {
 /// DAG.
 pub fn is_fan_out_item(task: &crate::api::AxTask) -> bool {
     let labels = task.metadata.labels.as_ref();
-    let owners = task.metadata.owner_references.iter().flatten();
-    labels.is_some_and(|l| l.contains_key(crate::api::LABEL_DAG_ITEM))
-        && owners.into_iter().any(|o| o.controller == Some(true))
+    labels.is_some_and(|l| l.contains_key(crate::api::LABEL_DAG_ITEM)) && has_controller(task)
+}
+
+/// Whether `task` is some object's child (a DAG's or a cron's): it has an owner reference with
+/// `controller: true`.
+pub fn has_controller(task: &crate::api::AxTask) -> bool {
+    let mut owners = task.metadata.owner_references.iter().flatten();
+    owners.any(|owner| owner.controller == Some(true))
 }
 
 /// A side effect for the controller to perform after the status is written.
