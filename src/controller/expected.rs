@@ -1,7 +1,9 @@
 //! The one "created but not yet cached" tracker of the task, DAG and cron controllers: what this
 //! process created that its informer cache does not show yet. Without it a reconcile on a lagging
 //! cache would count a worker pod or a child as missing and create it again, or count fewer
-//! children at work than there are and exceed a DAG's `parallelism`.
+//! children at work than there are and exceed a DAG's `parallelism`. The task controller also
+//! tracks pods it removed that the cache still shows (`Tracking::removed_pods`): the same
+//! bookkeeping, with the sight turned round.
 
 use std::collections::HashMap;
 use std::hash::Hash;

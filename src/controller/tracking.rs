@@ -1,5 +1,5 @@
 //! What this process knows that the caches may not show yet: its own status writes, the pods it
-//! created, callback outcomes, statuses put off.
+//! created and removed, callback outcomes, statuses put off.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -20,6 +20,10 @@ pub struct Tracking {
     state: Mutex<TrackingState>,
     /// Worker pods created and not yet seen in the cache, by task: (attempt, created at).
     pods: Expected<TaskKey, (i32, Timestamp)>,
+    /// Ended pods removed (`core::task::Action::RemovePod`) that the cache may still show, by task
+    /// and pod uid: a look in between would take one for a pod still to remove, and read the whole
+    /// task and send the delete again.
+    removed: Expected<TaskKey, ()>,
 }
 
 #[derive(Debug)]
@@ -67,8 +71,11 @@ impl Tracking {
             unwritten: HashMap::new(),
             progress: ProgressLine::new(progress_writes_per_second, Timestamp::now()),
         });
-        let pods = Expected::default();
-        Self { state, pods }
+        Self {
+            state,
+            pods: Expected::default(),
+            removed: Expected::default(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, TrackingState> {
@@ -117,6 +124,23 @@ impl Tracking {
         let pending = self.pods.pending(key, Instant::now(), sight);
         let (name, (attempt, created_at)) = pending.into_iter().next()?;
         Some((name, attempt, created_at))
+    }
+
+    /// The ended pod `uid` of `key` was removed.
+    pub fn pod_removed(&self, key: &TaskKey, uid: &str) {
+        self.removed.created(key, uid, (), Instant::now());
+    }
+
+    /// Which of the pods of `key` the cache still shows (`shown` says, by uid) this process
+    /// removed a moment ago. A removal ends once the cache no longer shows the pod, or after a
+    /// minute: a pod still there then is looked at again.
+    pub fn removed_pods(&self, key: &TaskKey, shown: impl Fn(&str) -> bool) -> Vec<String> {
+        let sight = |uid: &str, _: &()| match shown(uid) {
+            true => Sight::NotSeen,
+            false => Sight::Seen,
+        };
+        let removed = self.removed.pending(key, Instant::now(), sight);
+        removed.into_iter().map(|(uid, ())| uid).collect()
     }
 
     pub fn callback_done(&self, key: &TaskKey, result: CallbackResult, message: String) {
@@ -254,6 +278,7 @@ impl Tracking {
         let mut state = self.lock();
         state.written.remove(key);
         self.pods.forget(key);
+        self.removed.forget(key);
         state.callbacks.remove(key);
         state.deletions.remove(key);
         state.unwritten.remove(key);
@@ -270,6 +295,7 @@ impl Tracking {
             .chain(state.unwritten.keys())
             .cloned()
             .chain(self.pods.owners())
+            .chain(self.removed.owners())
             .collect()
     }
 }

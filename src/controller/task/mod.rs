@@ -33,6 +33,7 @@ use crate::core::trace;
 use crate::core::worker::WorkerState;
 use pods::{
     Created, create_pod, kill_pod, observe_pod, pods_named, pods_of, read_pod, remove_finalizer,
+    remove_pod,
 };
 use report::publish;
 
@@ -493,6 +494,7 @@ async fn apply(
             Action::RemoveFinalizer { name, uid } => {
                 remove_finalizer(&written, name, uid, ctx).await?
             }
+            Action::RemovePod { name, uid } => remove_pod(&written, key, name, uid, ctx).await?,
             Action::Warn { reason, message } => {
                 publish(&written, EventType::Warning, reason.as_str(), message, ctx)
             }

@@ -46,6 +46,10 @@ pub(super) fn pods_named(key: &TaskKey, uid: &str, ctx: &Ctx) -> Vec<WorkerState
                 .then(|| observe_pod(&pod, ctx))
         })
         .collect();
+    let removed = ctx.tracking.removed_pods(key, |uid| {
+        pods.iter().any(|p| p.uid.as_deref() == Some(uid))
+    });
+    pods.retain(|p| !p.uid.as_ref().is_some_and(|uid| removed.contains(uid)));
     pods.sort_by_key(|p| p.attempt);
     let seen = |n: i32| pods.iter().any(|p| p.attempt == n);
     if let Some((name, n, created_at)) = ctx.tracking.expected_pod(key, seen) {
@@ -249,6 +253,22 @@ pub(super) async fn kill_pod(
         Err(e) if matches!(ApiError::of(&e), ApiError::NotFound | ApiError::Conflict) => Ok(()),
         Err(e) => Err(Error::DeletePod(e)),
     }
+}
+
+/// Removes an ended pod whose outcome is recorded (`core::task::Action::RemovePod`): its outcome
+/// finalizer off, then deleted, which for a terminal pod is at once. Remembered as removed until
+/// the cache shows it gone.
+pub(super) async fn remove_pod(
+    task: &AxTask,
+    key: &TaskKey,
+    name: &str,
+    uid: &str,
+    ctx: &Ctx,
+) -> Result<()> {
+    remove_finalizer(task, name, uid, ctx).await?;
+    kill_pod(task, name, uid, None, false, ctx).await?;
+    ctx.tracking.pod_removed(key, uid);
+    Ok(())
 }
 
 /// Takes the outcome finalizer off a pod whose last status has been read (and recorded).

@@ -165,9 +165,8 @@ pub fn has_controller(task: &crate::api::AxTask) -> bool {
 pub enum Action {
     /// Create the worker pod of `status.attempt` (its name is deterministic).
     CreatePod,
-    /// Delete a pod that should not run (or a succeeded fan-out item's ended pod), preconditioned
-    /// on its uid. `keep_outcome`: put `worker::OUTCOME_FINALIZER` on it first, so its last status
-    /// can be read.
+    /// Delete a pod that should not run, preconditioned on its uid. `keep_outcome`: put
+    /// `worker::OUTCOME_FINALIZER` on it first, so its last status can be read.
     KillPod {
         name: String,
         uid: String,
@@ -176,6 +175,13 @@ pub enum Action {
     },
     /// Take `worker::OUTCOME_FINALIZER` off a pod whose outcome is known.
     RemoveFinalizer {
+        name: String,
+        uid: String,
+    },
+    /// Remove an ended pod whose outcome is recorded and that nothing reads again (a succeeded
+    /// fan-out item's): its outcome finalizer off, then deleted, which for a terminal pod is at
+    /// once. Two writes, and no look at it while it is being deleted.
+    RemovePod {
         name: String,
         uid: String,
     },
@@ -551,7 +557,7 @@ fn settle(d: &mut Decision, inputs: &Inputs, clock: &Clock) {
 
 /// Kills, as a level: every pod that should not run and may still run is deleted (again, with a
 /// shorter grace if it is being deleted with a longer one), and the outcome finalizer comes off
-/// every pod whose outcome can now be read. A fan-out item's ended pods are deleted once it has
+/// every pod whose outcome can now be read. A fan-out item's ended pods are removed once it has
 /// Succeeded (actions follow the status write, so its outcome and output are recorded first): a
 /// `forEach` of 100,000 items would otherwise leave 100,000 pods in etcd and in the operator's
 /// cache, and nothing reads them again. A failed item keeps its pods, for its logs.
@@ -563,11 +569,9 @@ fn stop_pods(d: &mut Decision, inputs: &Inputs, now: Timestamp) {
             continue;
         };
         if remove_ended && pod.is_inert() {
-            d.actions.push(Action::KillPod {
+            d.actions.push(Action::RemovePod {
                 name: pod.name.clone(),
                 uid,
-                grace_seconds: None,
-                keep_outcome: false,
             });
             continue;
         }

@@ -90,8 +90,14 @@ pub fn current_pod<'a>(status: &AxTaskStatus, pods: &'a [WorkerState]) -> Option
     pods.iter().find(|p| p.attempt == status.attempt)
 }
 
-/// Whether `pod` may run a worker now, as far as the next attempt is concerned.
+/// Whether `pod` may run a worker now, as far as the next attempt is concerned. A pod in phase
+/// Succeeded never does, even while it is being deleted: only its kubelet sets that phase, once
+/// every container has exited 0 for good. A Failed pod being deleted still may: pod GC marks the
+/// pods of a node that stopped answering Failed while they may run on there.
 pub fn blocks(pod: &WorkerState, policy: PodReplacementPolicy) -> bool {
+    if pod.phase == PodPhase::Succeeded {
+        return false;
+    }
     match policy {
         PodReplacementPolicy::Failed => pod.is_running_phase() || pod.deleting,
         PodReplacementPolicy::TerminatingOrFailed => pod.is_running_phase() && !pod.deleting,

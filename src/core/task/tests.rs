@@ -647,6 +647,33 @@ fn with_terminating_or_failed_the_next_attempt_does_not_wait_for_a_terminating_p
 }
 
 #[test]
+fn a_succeeded_pod_being_deleted_holds_nothing_a_failed_one_holds_the_retry() {
+    let s = spec();
+    // Succeeded, its pod being deleted (a fan-out item's, or anyone's delete): only its kubelet
+    // sets that phase, once every container exited 0; nothing waits and nothing is written.
+    let done = at(&s, &running(&s), &[pod(1, Exited(0))], t(5));
+    assert_eq!(done.status.phase, Some(Succeeded));
+    let gone_soon = with_finalizer(deleting(pod(1, Exited(0)), 0));
+    let d = at(&s, &done.status, std::slice::from_ref(&gone_soon), t(6));
+    assert_eq!(d.status, done.status, "no WorkerTerminating");
+    assert_eq!(d.queue, QueueState::Done);
+    // A timed-out attempt's pod that ends Failed while being deleted may be a lost node's, which pod
+    // GC marks Failed while it may run on there: the retry waits until it is gone.
+    let timed_out = at(&s, &running(&s), &[pod(1, Run)], t(600));
+    assert_eq!(timed_out.status.phase, Some(TimedOut));
+    let failed = deleting(pod(1, Exited(137)), 10);
+    let d = at(&s, &timed_out.status, &[failed], t(601));
+    assert_eq!(d.status.phase, Some(TimedOut));
+    assert_eq!(
+        condition_is(&d.status, "WorkerTerminating"),
+        pair("True", "WaitingForPod")
+    );
+    // One that ends Succeeded while being deleted did the work: the task Succeeds.
+    let d = at(&s, &timed_out.status, &[gone_soon], t(601));
+    assert_eq!(d.status.phase, Some(Succeeded));
+}
+
+#[test]
 fn a_pending_task_with_a_live_pod_of_an_earlier_attempt_holds_its_slot_and_is_not_dispatched() {
     let s = spec();
     let mut status = running(&s);
@@ -1760,6 +1787,13 @@ fn check(
             Action::RemoveFinalizer { name, .. } => {
                 prop_assert!(pods.iter().any(|p| &p.name == name && p.outcome_finalizer));
             }
+            // Only an ended pod of a task whose success is recorded.
+            Action::RemovePod { name, uid } => {
+                let p = pods.iter().find(|p| &p.name == name).expect("a known pod");
+                prop_assert_eq!(p.uid.as_ref(), Some(uid));
+                prop_assert!(!p.is_running_phase());
+                prop_assert_eq!(new.phase, Some(Succeeded));
+            }
             Action::SendCallback | Action::DeleteTask => {
                 prop_assert!(new.phase.is_some_and(TaskPhase::is_terminal))
             }
@@ -1915,6 +1949,8 @@ fn apply_actions(
                     p.outcome_finalizer = false;
                 }
             }
+            // Terminal, its finalizer off: gone at once.
+            Action::RemovePod { name, .. } if !drop_kills => pods.retain(|p| &p.name != name),
             _ => {}
         }
     }
@@ -2342,21 +2378,17 @@ fn a_succeeded_fan_out_items_ended_pods_go_after_its_status_a_failed_items_stay(
         d.actions
             .iter()
             .filter_map(|a| match a {
-                Action::KillPod {
-                    name,
-                    grace_seconds: None,
-                    keep_outcome: false,
-                    ..
-                } => Some(name.clone()),
+                Action::RemovePod { name, .. } => Some(name.clone()),
+                Action::KillPod { name, .. } => Some(format!("kill {name}")),
                 _ => None,
             })
             .collect::<Vec<_>>()
     };
-    // The decision that records the success deletes the pod: its actions follow the write.
+    // The decision that records the success removes the pod: its actions follow the write.
     let done = decide_with(&s, &running(&s), &[pod(1, Exited(0))], t(5), item);
     assert_eq!(done.status.phase, Some(Succeeded));
     assert_eq!(kills(&done), vec![pod(1, Exited(0)).name]);
-    // Recorded, with the pod still there (its deletion failed, or a restart): deleted again; being
+    // Recorded, with the pod still there (its removal failed, or a restart): removed again; being
     // deleted or gone: nothing more, and the settled facts agree.
     let again = decide_with(&s, &done.status, &[pod(1, Exited(0))], t(6), item);
     assert_eq!(again.status, done.status);
