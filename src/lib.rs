@@ -7,6 +7,10 @@
 //! connection, the errors, the requests they write and what they make of what they read; `yaml`
 //! the one YAML dialect they all read and write.
 
+// No object the API server accepts and no user input may panic the operator or the CLI: an
+// `unwrap` outside tests is an error (an invariant that cannot fail says why in an `expect`).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod api;
 pub mod cli;
 pub mod client;
