@@ -1,6 +1,7 @@
 //! Every decision of the operator as plain functions over plain data: no client, no clock, no
 //! randomness of their own. Tested exhaustively; the controllers only gather inputs and write.
 
+pub mod archive;
 pub mod backoff;
 pub mod conditions;
 pub mod cron;
